@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the virtual environment .venv and installs axon into it, editable, with its
+# test tools. Safe to run again.
+#
+# torch comes first, chosen for this machine, so that installing axon (which asks for torch>=2.5)
+# never swaps it:
+#   - a torch that already imports in .venv is kept (a GPU user's own build stays);
+#   - else, if nvidia-smi finds an NVIDIA GPU: `pip install torch` (PyPI's default CUDA build);
+#   - else: torch==${AXON_TORCH_VERSION:-2.13.0}, the CPU build where the package index offers one.
+#
+# Environment:
+#   PYTHON                Python >= 3.11 that creates the venv (default: python3)
+#   AXON_TORCH_VERSION    torch version for machines without a GPU (default: 2.13.0)
+#   AXON_TORCH_INDEX_URL  package index to install torch from, for either branch. On a CPU machine
+#                         whose pip would otherwise fetch the multi-GB CUDA build, set it to
+#                         PyTorch's CPU index: https://download.pytorch.org/whl/cpu
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV=.venv
+PY="$VENV/bin/python"
+PYTHON="${PYTHON:-python3}"
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+torch_version() { "$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null; }
+
+make_venv() {
+    if [[ -x $PY ]]; then
+        "$PY" -c 'pass' || die "$PY does not run; remove $VENV and run this script again"
+        log "using the existing $VENV ($("$PY" --version))"
+        return
+    fi
+    command -v "$PYTHON" >/dev/null || die "$PYTHON not found; set PYTHON to a Python >= 3.11"
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+        || die "axon needs Python >= 3.11; $PYTHON is $("$PYTHON" --version 2>&1)"
+    log "creating $VENV with $("$PYTHON" --version)"
+    "$PYTHON" -m venv "$VENV"
+}
+
+install_torch() {
+    local installed
+    if installed=$(torch_version); then
+        log "keeping the installed torch $installed"
+        return
+    fi
+    local index_args=()
+    if [[ -n ${AXON_TORCH_INDEX_URL:-} ]]; then
+        index_args=(--index-url "$AXON_TORCH_INDEX_URL")
+    fi
+    local spec
+    if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then
+        spec=torch
+        log "NVIDIA GPU found: installing torch (the default CUDA build)"
+    else
+        spec="torch==${AXON_TORCH_VERSION:-2.13.0}"
+        log "no NVIDIA GPU: installing $spec"
+    fi
+    [[ -n ${AXON_TORCH_INDEX_URL:-} ]] && log "  from $AXON_TORCH_INDEX_URL"
+    "$PY" -m pip install --quiet ${index_args[@]+"${index_args[@]}"} "$spec"
+}
+
+install_axon() {
+    local before after constraints
+    before=$(torch_version) || die "torch does not import after installing it"
+    # Pin the torch just chosen, so pip fails loudly rather than replace it.
+    constraints=$(mktemp)
+    trap 'rm -f "$constraints"' RETURN
+    printf 'torch==%s\n' "$before" >"$constraints"
+    log "installing axon (editable, with [test]) against torch $before"
+    "$PY" -m pip install --quiet --constraint "$constraints" -e ".[test]"
+    after=$(torch_version) || die "torch no longer imports after installing axon"
+    [[ $after == "$before" ]] || die "pip replaced torch $before with $after"
+}
+
+make_venv
+log "upgrading pip"
+"$PY" -m pip install --quiet --upgrade pip
+install_torch
+install_axon
+
+log "done:"
+"$PY" - <<'PY'
+import sys
+
+import torch
+
+cuda = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)" if torch.cuda.is_available() else "CPU only"
+print(f"[setup]   python {sys.version.split()[0]}, torch {torch.__version__} ({cuda})")
+PY
+log "  axon:  $VENV/bin/axon --help"
+log "  tests: $VENV/bin/python -m pytest -q"

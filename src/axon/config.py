@@ -1,0 +1,73 @@
+"""Engine configuration: frozen dataclasses built once and validated at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine arguments, under vLLM's names where vLLM has one."""
+
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "auto"  # auto: float32 on CPU, the checkpoint's dtype (or bf16) on GPU
+    device: str = "auto"
+    block_size: int = 16
+    max_model_len: int | None = None  # default: the model's context, capped by the KV cache
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    kv_cache_memory: int | None = None  # bytes for the KV cache; overrides the fraction
+    kv_cache_memory_fraction: float = 0.9  # of free device memory (GPU); CPU uses a fixed cap
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, why: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+
+        check(self.dtype == "auto" or self.dtype in _DTYPES, "dtype", f"must be auto or one of {sorted(_DTYPES)}")
+        check(self.block_size >= 1, "block_size", "must be >= 1")
+        check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2")
+        check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
+        check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
+        check(self.kv_cache_memory is None or self.kv_cache_memory > 0, "kv_cache_memory", "must be > 0")
+        check(0.0 < self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction", "must be in (0, 1]")
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs) -> EngineConfig:
+        """Build from keyword engine arguments; an unknown name is a ValueError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown engine arguments {unknown}; known: {sorted(known - {'model'})}")
+        return cls(model=model, **{k: v for k, v in kwargs.items() if v is not None})
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self, hf_config) -> torch.dtype:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        if self.torch_device().type == "cpu":
+            return torch.float32
+        checkpoint = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(checkpoint, str):
+            checkpoint = _DTYPES.get(checkpoint)
+        return checkpoint if checkpoint in (torch.bfloat16, torch.float16) else torch.bfloat16

@@ -1,0 +1,160 @@
+"""The owner loop: one object owns the runner, the KV blocks and the scheduler.
+
+Commands (add, abort, step, queries) are plain method calls; the server issue wraps this object
+in its own process, so nothing here may assume a frontend.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from axon.cache.block_manager import BlockManager
+from axon.config import EngineConfig
+from axon.engine.scheduler import Scheduler
+from axon.runner.model_runner import ModelRunner
+from axon.sampling import SamplingMetadata, TokenLogprobs
+from axon.sampling_params import SamplingParams
+from axon.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SequenceUpdate:
+    """One sequence's progress in one step."""
+
+    seq: Sequence
+    token_id: int | None  # None when the sequence only computed a prompt chunk or was aborted
+    logprobs: TokenLogprobs | None
+    finished: bool
+
+
+def eos_token_ids_of(model_dir: str, hf_config) -> frozenset[int]:
+    """EOS ids from generation_config.json (which may list several) and config.json."""
+    ids: set[int] = set()
+    candidates = [getattr(hf_config, "eos_token_id", None)]
+    try:
+        from transformers import GenerationConfig
+
+        candidates.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
+    except OSError:
+        pass
+    for value in candidates:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.runner = ModelRunner(config)
+        plan = self.runner.plan
+        self.block_manager = BlockManager(plan.num_blocks, plan.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, plan.max_model_len
+        )
+        self.max_model_len = plan.max_model_len
+        self.eos_token_ids = eos_token_ids_of(config.model, self.runner.hf_config)
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self._captured_logits: dict[int, torch.Tensor] | None = None
+
+    # ---- commands ---------------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> list[Sequence]:
+        """Queue a request as `params.n` sequences. Raises ValueError for an impossible prompt."""
+        if not prompt_token_ids:
+            raise ValueError("prompt must contain at least one token")
+        vocab = self.runner.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        seqs = [
+            Sequence(request_id, prompt_token_ids, params, index=i, eos_token_ids=self.eos_token_ids)
+            for i in range(params.n)
+        ]
+        for child in seqs[1:]:
+            child.fork_parent = seqs[0]
+        for seq in seqs:
+            self.scheduler.add(seq)
+        return seqs
+
+    def abort(self, request_ids: list[str] | set[str]) -> list[Sequence]:
+        return self.scheduler.abort(set(request_ids))
+
+    def finish_stopped(self, seq: Sequence) -> None:
+        self.scheduler.finish_stopped(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[SequenceUpdate]:
+        """Schedule, run and sample one step; returns one update per scheduled sequence."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        batch = self.runner.prepare(out)
+        logits = self.runner.forward_logits(batch)
+        sampled, logprobs = self._sample(batch.sampling_seqs, logits)
+        self.num_prompt_tokens += sum(
+            n for seq, n in out.scheduled if seq.num_computed_tokens < seq.num_prompt_tokens
+        )
+        finished = {s.seq_id for s in self.scheduler.update(out, sampled)}
+        self.num_generation_tokens += len(sampled)
+        return [
+            SequenceUpdate(seq, sampled.get(seq.seq_id), logprobs.get(seq.seq_id), seq.seq_id in finished)
+            for seq, _ in out.scheduled
+        ]
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor):
+        if not seqs:
+            return {}, {}
+        if self._captured_logits is not None:
+            for seq, row in zip(seqs, logits):
+                self._captured_logits[seq.seq_id] = row.clone()
+        meta = SamplingMetadata.from_sequences(seqs, self.runner.vocab_size, self.runner.device)
+        result = self.runner.sampler(logits, meta)
+        sampled = {seq.seq_id: tok for seq, tok in zip(seqs, result.token_ids)}
+        logprobs = {seq.seq_id: lp for seq, lp in zip(seqs, result.logprobs) if lp is not None}
+        return sampled, logprobs
+
+    # ---- queries and debug hooks ------------------------------------------------------------
+
+    def forward_logits(self, prompts: list[list[int]]) -> list[torch.Tensor]:
+        """Last-position logits [V] for each prompt, computed through the real scheduler
+        (batched, paged, chunked) with one greedy token each; for tests and debugging."""
+        self._captured_logits = {}
+        try:
+            params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+            seqs = [self.add_request(f"logits-{i}", p, params)[0] for i, p in enumerate(prompts)]
+            while any(not s.is_finished for s in seqs):
+                self.step()
+            return [self._captured_logits[s.seq_id].cpu() for s in seqs]
+        finally:
+            self._captured_logits = None
+
+    def reset_prefix_cache(self) -> None:
+        self.block_manager.reset_prefix_cache()
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "num_running": self.scheduler.num_running,
+            "num_waiting": self.scheduler.num_waiting,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": bm.prefix_cache_queries,
+            "prefix_cache_hits": bm.prefix_cache_hits,
+            "kv_cache_usage": bm.usage,
+            "num_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_generation_tokens": self.num_generation_tokens,
+        }

@@ -1,0 +1,198 @@
+"""Token-budget continuous batching over the paged KV cache. Pure Python: no torch here.
+
+Each step every sequence is given a number of new tokens to compute: 1 for a decode, a chunk for
+a prompt, under `max_num_batched_tokens` and `max_num_seqs`. Running sequences go first (oldest
+first); when the cache runs out of blocks the newest running sequence is preempted and later
+recomputed. Waiting sequences are admitted in FIFO order, prefix-cache hits first matched.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from axon.cache.block_manager import BlockManager
+from axon.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, num_new_tokens)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue `seq`. Raises ValueError when its prompt can never fit."""
+        if seq.num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {seq.num_tokens} tokens; max_model_len is {self.max_model_len} "
+                "and at least one token must be generated"
+            )
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def abort(self, request_ids: set[str]) -> list[Sequence]:
+        """Finish every sequence of these requests at once and free their blocks."""
+        aborted = [s for s in (*self.waiting, *self.running) if s.request_id in request_ids]
+        for seq in aborted:
+            self._finish(seq, FinishReason.ABORT)
+        return aborted
+
+    # ---- scheduling -------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's (sequence, num_new_tokens) pairs; may preempt running sequences."""
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.can_allocate(seq, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                break  # seq preempted itself: it was the newest
+            self.block_manager.allocate(seq, num_new)
+            out.scheduled.append((seq, num_new))
+            budget -= num_new
+            index += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        skipped: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if self._waits_for_parent(seq):
+                skipped.append(self.waiting.popleft())
+                continue
+            if not seq.block_table:
+                self.block_manager.match_prefix(seq)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.block_manager.can_allocate(seq, num_new):
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, num_new))
+            budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
+
+    def _waits_for_parent(self, seq: Sequence) -> bool:
+        """A sibling of an `n > 1` request waits until the first sample has its prompt cached."""
+        parent = seq.fork_parent
+        if parent is None:
+            return False
+        if parent.status == SequenceStatus.FINISHED:
+            seq.fork_parent = None  # the parent left before sharing: prefill on our own
+            return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ---- after the step ---------------------------------------------------------------------
+
+    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+        """Advance the scheduled sequences; `sampled` maps seq_id -> new token for those that
+        reached their last token. Returns the sequences that finished this step."""
+        finished = []
+        for seq, num_new in out.scheduled:
+            seq.num_computed_tokens += num_new
+            self.block_manager.cache_full_blocks(seq)
+            token_id = sampled.get(seq.seq_id)
+            if token_id is None:
+                continue  # a prompt chunk that did not reach the end of the prompt
+            if seq.num_output_tokens == 0:
+                self._fork_children(seq)
+            seq.append_token(token_id)
+            reason = self._stop_reason(seq, token_id)
+            if reason is not None:
+                self._finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _fork_children(self, parent: Sequence) -> None:
+        for child in self.waiting:
+            if child.fork_parent is parent:
+                self.block_manager.fork(parent, child, parent.num_prompt_tokens - 1)
+                child.fork_parent = None
+
+    def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        params = seq.sampling_params
+        if seq.num_output_tokens >= params.min_tokens:
+            if token_id in params.stop_token_ids:
+                seq.stop_reason = token_id
+                return FinishReason.STOP
+            if not params.ignore_eos and token_id in seq.eos_token_ids:
+                return FinishReason.STOP
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return FinishReason.LENGTH
+        if seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.fork_parent = None
+
+    def finish_stopped(self, seq: Sequence) -> None:
+        """Finish `seq` early because the frontend matched a stop string."""
+        if seq.status != SequenceStatus.FINISHED:
+            self._finish(seq, FinishReason.STOP)

@@ -1,0 +1,96 @@
+"""Paged attention over a block KV cache, in pure PyTorch (runs on CPU and GPU).
+
+New K/V are written to the cache at `slot_mapping`; each query then attends to its sequence's
+keys gathered from the cache. GQA never repeats K/V: the query heads sharing a KV head are
+folded into the query-length axis, so a [Hkv, G*Q, D] x [Hkv, C, D] product does the work.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from axon.layers.forward_context import AttentionMetadata, get_forward_context
+
+
+def attend_ref(
+    q: torch.Tensor,  # [B, Hkv, M, D]
+    k: torch.Tensor,  # [B, Hkv, C, D]
+    v: torch.Tensor,  # [B, Hkv, C, D]
+    mask: torch.Tensor,  # [B, 1, M, C] bool
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Masked softmax attention; the reference twin of the SDPA path (and the softcap path)."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [B, Hkv, M, C]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
+
+
+def attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
+    if softcap is not None:
+        return attend_ref(q, k, v, mask, scale, softcap)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
+    ):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.group = num_heads // num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+        self.logit_softcap = logit_softcap
+        self.k_cache = torch.empty(0)  # [num_blocks * block_size, Hkv, D], bound by the runner
+        self.v_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
+        meta = get_forward_context()
+        self.k_cache.index_copy_(0, meta.slot_mapping, k)
+        self.v_cache.index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)  # [T, H, D]
+        for index, chunk in enumerate(meta.prefills):
+            rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+            out[rows] = self._prefill(meta, index, q[rows], k[rows], v[rows])
+        if meta.decode_token_index is not None:
+            out[meta.decode_token_index] = self._decode(meta, q[meta.decode_token_index])
+        return out.view(q.shape[0], -1)
+
+    def _prefill(self, meta: AttentionMetadata, index: int, q, k, v) -> torch.Tensor:
+        chunk = meta.prefills[index]
+        if chunk.context_len > chunk.query_len:  # earlier chunks or a prefix hit: read the cache
+            k = self.k_cache[chunk.key_slots]
+            v = self.v_cache[chunk.key_slots]
+        query_len = chunk.query_len
+        # [Q, H, D] -> [1, Hkv, G*Q, D]; query head h uses KV head h // G.
+        qg = q.view(query_len, self.num_kv_heads, self.group, self.head_dim)
+        qg = qg.permute(1, 2, 0, 3).reshape(1, self.num_kv_heads, self.group * query_len, -1)
+        kt = k.transpose(0, 1).unsqueeze(0)  # [1, Hkv, C, D]
+        vt = v.transpose(0, 1).unsqueeze(0)
+        mask = meta.prefill_mask(index, self.sliding_window).repeat(self.group, 1)  # [G*Q, C]
+        o = attend(qg, kt, vt, mask[None, None], self.scale, self.logit_softcap)
+        o = o.view(self.num_kv_heads, self.group, query_len, self.head_dim)
+        return o.permute(2, 0, 1, 3).reshape(query_len, self.num_heads, self.head_dim)
+
+    def _decode(self, meta: AttentionMetadata, q: torch.Tensor) -> torch.Tensor:
+        batch = q.shape[0]
+        qg = q.view(batch, self.num_kv_heads, self.group, self.head_dim)  # [Bd, Hkv, G, D]
+        k = self.k_cache[meta.decode_key_slots].transpose(1, 2)  # [Bd, Hkv, C, D]
+        v = self.v_cache[meta.decode_key_slots].transpose(1, 2)
+        mask = meta.decode_mask(self.sliding_window)[:, None, None, :]  # [Bd, 1, 1, C]
+        o = attend(qg, k, v, mask, self.scale, self.logit_softcap)
+        return o.reshape(batch, self.num_heads, self.head_dim)

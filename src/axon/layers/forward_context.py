@@ -1,0 +1,74 @@
+"""The one ambient object: the flat batch's attention metadata, set by the runner per step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PrefillChunk:
+    """A sequence computing `query_len` tokens at positions [context_len - query_len, context_len)."""
+
+    query_start: int
+    query_len: int
+    context_len: int
+    key_slots: torch.Tensor  # [context_len] cache slots of every key the chunk attends to
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] cache slot each new token's K/V is written to
+    prefills: list[PrefillChunk]
+    decode_token_index: torch.Tensor | None  # [Bd] rows of the flat batch that are decodes
+    decode_key_slots: torch.Tensor | None  # [Bd, C] key slots, padded with slot 0
+    decode_context_lens: torch.Tensor | None  # [Bd]
+    _masks: dict = field(default_factory=dict)
+
+    def prefill_mask(self, index: int, window: int | None) -> torch.Tensor:
+        """[Q, C] bool: query i (position C-Q+i) may see key j."""
+        key = ("prefill", index, window)
+        if key not in self._masks:
+            chunk = self.prefills[index]
+            device = chunk.key_slots.device
+            q_pos = torch.arange(chunk.query_len, device=device) + (chunk.context_len - chunk.query_len)
+            k_pos = torch.arange(chunk.context_len, device=device)
+            mask = k_pos[None, :] <= q_pos[:, None]
+            if window is not None:
+                mask &= q_pos[:, None] - k_pos[None, :] < window
+            self._masks[key] = mask
+        return self._masks[key]
+
+    def decode_mask(self, window: int | None) -> torch.Tensor:
+        """[Bd, C] bool: which padded key slots each decode query may see."""
+        key = ("decode", window)
+        if key not in self._masks:
+            lens = self.decode_context_lens
+            k_pos = torch.arange(self.decode_key_slots.shape[1], device=lens.device)
+            mask = k_pos[None, :] < lens[:, None]
+            if window is not None:
+                mask &= (lens[:, None] - 1) - k_pos[None, :] < window
+            self._masks[key] = mask
+        return self._masks[key]
+
+
+_CONTEXT: AttentionMetadata | None = None
+
+
+def get_forward_context() -> AttentionMetadata:
+    if _CONTEXT is None:
+        raise RuntimeError("no forward context: run the model through ModelRunner")
+    return _CONTEXT
+
+
+@contextmanager
+def set_forward_context(meta: AttentionMetadata) -> Iterator[None]:
+    global _CONTEXT
+    previous, _CONTEXT = _CONTEXT, meta
+    try:
+        yield
+    finally:
+        _CONTEXT = previous

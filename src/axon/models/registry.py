@@ -1,0 +1,24 @@
+"""model_type -> model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from axon.models.gemma3 import Gemma3ForCausalLM
+from axon.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from axon.models.qwen3 import Qwen3ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "llama": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "gemma3_text": Gemma3ForCausalLM,
+}
+
+
+def get_model_class(model_type: str) -> type[nn.Module]:
+    try:
+        return MODEL_REGISTRY[model_type]
+    except KeyError:
+        supported = ", ".join(sorted(MODEL_REGISTRY))
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {supported}") from None

@@ -1,0 +1,107 @@
+"""A sequence's token ids and its place in the KV cache. Pure Python: no torch here."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import random
+
+from axon.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    ABORT = "abort"
+
+
+_seq_counter = itertools.count()
+
+
+class Sequence:
+    """One stream of tokens: the prompt, then everything sampled after it.
+
+    `num_computed_tokens` counts the leading tokens whose K/V are in the cache; the scheduler
+    grows it step by step (prefill chunks and decodes alike). `block_table` lists the physical KV
+    blocks holding tokens `[i*block_size, (i+1)*block_size)`.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        index: int = 0,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        self.seq_id = next(_seq_counter)
+        self.request_id = request_id
+        self.index = index  # which of the request's `n` samples this is
+        self.sampling_params = sampling_params
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of the leading full, computed blocks
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.eos_token_ids = eos_token_ids
+        # Sampling randomness is a pure function of (seed, output position): the same request
+        # draws the same tokens whatever else shares its batch.
+        seed = sampling_params.seed
+        self.seed = seed if seed is not None else random.getrandbits(62)
+        self.output_logprobs: list[dict] = []
+        self.num_preemptions = 0
+        self.fork_parent: Sequence | None = None  # for n > 1: the sample whose prompt we share
+        self.arrival_order = self.seq_id
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def num_blocks_needed(self, num_tokens: int, block_size: int) -> int:
+        return (num_tokens + block_size - 1) // block_size
+
+    def block_token_ids(self, block_index: int, block_size: int) -> list[int]:
+        start = block_index * block_size
+        return self.token_ids[start : start + block_size]
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, req={self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, status={self.status.value})"
+        )
