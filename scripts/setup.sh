@@ -56,16 +56,16 @@ install_torch() {
         spec="torch==${AXON_TORCH_VERSION:-2.13.0}"
         log "no NVIDIA GPU: installing $spec"
     fi
-    [[ -n ${AXON_TORCH_INDEX_URL:-} ]] && log "  from $AXON_TORCH_INDEX_URL"
+    if [[ -n ${AXON_TORCH_INDEX_URL:-} ]]; then
+        log "  from $AXON_TORCH_INDEX_URL"
+    fi
     "$PY" -m pip install --quiet ${index_args[@]+"${index_args[@]}"} "$spec"
 }
 
 install_axon() {
-    local before after constraints
+    local before after constraints="$VENV/torch-constraint.txt"
     before=$(torch_version) || die "torch does not import after installing it"
-    # Pin the torch just chosen, so pip fails loudly rather than replace it.
-    constraints=$(mktemp)
-    trap 'rm -f "$constraints"' RETURN
+    # Pin the torch just chosen, so that pip fails loudly rather than replace it.
     printf 'torch==%s\n' "$before" >"$constraints"
     log "installing axon (editable, with [test]) against torch $before"
     "$PY" -m pip install --quiet --constraint "$constraints" -e ".[test]"

@@ -266,6 +266,8 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
 
 def _cmd_chat(ns: argparse.Namespace) -> int:
     llm, sampling_params = _load(ns)
+    if getattr(llm.tokenizer, "chat_template", None) is None:
+        raise ValueError(f"{ns.model} has no chat template; `axon generate` completes plain text")
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (gives input() line editing and history)
     run_chat(llm, sampling_params, input, sys.stdout, system=ns.system)

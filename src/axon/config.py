@@ -40,13 +40,27 @@ class EngineConfig:
             if not ok:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
 
-        check(self.dtype == "auto" or self.dtype in _DTYPES, "dtype", f"must be auto or one of {sorted(_DTYPES)}")
+        check(
+            self.dtype == "auto" or self.dtype in _DTYPES,
+            "dtype",
+            f"must be auto or one of {sorted(_DTYPES)}",
+        )
         check(self.block_size >= 1, "block_size", "must be >= 1")
-        check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2")
+        check(
+            self.max_model_len is None or self.max_model_len >= 2, "max_model_len", "must be >= 2"
+        )
         check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
-        check(self.kv_cache_memory is None or self.kv_cache_memory > 0, "kv_cache_memory", "must be > 0")
-        check(0.0 < self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction", "must be in (0, 1]")
+        check(
+            self.kv_cache_memory is None or self.kv_cache_memory > 0,
+            "kv_cache_memory",
+            "must be > 0",
+        )
+        check(
+            0.0 < self.kv_cache_memory_fraction <= 1.0,
+            "kv_cache_memory_fraction",
+            "must be in (0, 1]",
+        )
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> EngineConfig:
@@ -54,7 +68,9 @@ class EngineConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ValueError(f"unknown engine arguments {unknown}; known: {sorted(known - {'model'})}")
+            raise ValueError(
+                f"unknown engine arguments {unknown}; known: {sorted(known - {'model'})}"
+            )
         return cls(model=model, **{k: v for k, v in kwargs.items() if v is not None})
 
     def torch_device(self) -> torch.device:

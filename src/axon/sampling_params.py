@@ -55,7 +55,9 @@ class SamplingParams:
             "max_tokens",
             "must be an integer >= 1",
         )
-        check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "must be >= 0")
+        check(
+            isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "must be >= 0"
+        )
         check(
             self.max_tokens is None or self.min_tokens <= self.max_tokens,
             "min_tokens",

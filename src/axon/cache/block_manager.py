@@ -31,7 +31,9 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks <= 0 or block_size <= 0:
-            raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}"
+            )
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
@@ -74,7 +76,10 @@ class BlockManager:
         return block_id
 
     def _uncache(self, block: Block) -> None:
-        if block.block_hash is not None and self.hash_to_block.get(block.block_hash) == block.block_id:
+        if (
+            block.block_hash is not None
+            and self.hash_to_block.get(block.block_hash) == block.block_id
+        ):
             del self.hash_to_block[block.block_hash]
         block.block_hash = None
         block.token_ids = ()
@@ -148,6 +153,13 @@ class BlockManager:
         seq.num_cached_tokens = seq.num_computed_tokens
         self.prefix_cache_queries += seq.num_tokens
         self.prefix_cache_hits += seq.num_computed_tokens
+
+    def undo_match(self, seq: Sequence) -> None:
+        """Take back the counters of a lookup whose sequence could not be admitted after all;
+        the statistics then count each admitted prompt once."""
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries -= seq.num_tokens
+            self.prefix_cache_hits -= seq.num_computed_tokens
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register every full, computed block of `seq` in the prefix cache (after a step)."""

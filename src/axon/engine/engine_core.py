@@ -56,9 +56,14 @@ class EngineCore:
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(config)
         plan = self.runner.plan
-        self.block_manager = BlockManager(plan.num_blocks, plan.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            plan.num_blocks, plan.block_size, config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, plan.max_model_len
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            plan.max_model_len,
         )
         self.max_model_len = plan.max_model_len
         self.eos_token_ids = eos_token_ids_of(config.model, self.runner.hf_config)
@@ -78,7 +83,9 @@ class EngineCore:
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         seqs = [
-            Sequence(request_id, prompt_token_ids, params, index=i, eos_token_ids=self.eos_token_ids)
+            Sequence(
+                request_id, prompt_token_ids, params, index=i, eos_token_ids=self.eos_token_ids
+            )
             for i in range(params.n)
         ]
         for child in seqs[1:]:
@@ -100,6 +107,10 @@ class EngineCore:
         """Schedule, run and sample one step; returns one update per scheduled sequence."""
         out = self.scheduler.schedule()
         if out.is_empty:
+            if self.scheduler.num_waiting and not self.scheduler.num_running:
+                # With nothing running every block is free or evictable: a waiting sequence
+                # that still cannot start never will. Fail loudly instead of spinning.
+                raise RuntimeError(f"scheduler stalled with {self.scheduler.num_waiting} waiting")
             return []
         batch = self.runner.prepare(out)
         logits = self.runner.forward_logits(batch)
@@ -110,7 +121,9 @@ class EngineCore:
         finished = {s.seq_id for s in self.scheduler.update(out, sampled)}
         self.num_generation_tokens += len(sampled)
         return [
-            SequenceUpdate(seq, sampled.get(seq.seq_id), logprobs.get(seq.seq_id), seq.seq_id in finished)
+            SequenceUpdate(
+                seq, sampled.get(seq.seq_id), logprobs.get(seq.seq_id), seq.seq_id in finished
+            )
             for seq, _ in out.scheduled
         ]
 

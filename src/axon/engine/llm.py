@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator, Sequence as SequenceType
+from collections.abc import Iterator
+from collections.abc import Sequence as SequenceType
 
 import torch
 
@@ -45,7 +46,9 @@ class LLM:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             prompt = prompt["prompt"]
         if not isinstance(prompt, str):
-            raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt)}")
+            raise ValueError(
+                f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt)}"
+            )
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: pass {'prompt_token_ids': [...]}")
         return prompt, self.tokenizer.encode(prompt)
@@ -81,7 +84,9 @@ class LLM:
         if isinstance(prompts, str | dict):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
-        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        params_list = (
+            [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        )
         if len(params_list) != len(prompts):
             raise ValueError("sampling_params must be one SamplingParams or one per prompt")
         states = [self._add(p, sp) for p, sp in zip(prompts, params_list)]
@@ -90,7 +95,9 @@ class LLM:
             self._step(pending)
         return [s.to_output() for s in states]
 
-    def stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(
+        self, prompt: PromptType, sampling_params: SamplingParams | None = None
+    ) -> Iterator[str]:
         """Yield text deltas of the first sample as they are produced."""
         state = self._add(prompt, sampling_params or SamplingParams())
         sample = next(iter(state.samples.values()))

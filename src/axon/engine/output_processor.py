@@ -44,8 +44,13 @@ class SampleState:
         return False
 
     def _add_logprobs(self, lp: TokenLogprobs) -> None:
-        entry = {tok: Logprob(val, rank=i + 1, decoded_token=self._piece(tok)) for i, (tok, val) in enumerate(lp.top)}
-        entry[lp.token_id] = Logprob(lp.logprob, rank=lp.rank, decoded_token=self._piece(lp.token_id))
+        entry = {
+            tok: Logprob(val, rank=i + 1, decoded_token=self._piece(tok))
+            for i, (tok, val) in enumerate(lp.top)
+        }
+        entry[lp.token_id] = Logprob(
+            lp.logprob, rank=lp.rank, decoded_token=self._piece(lp.token_id)
+        )
         self.logprobs.append(entry)
         self.cumulative_logprob += lp.logprob
 

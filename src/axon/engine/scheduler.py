@@ -85,23 +85,33 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.block_manager.can_allocate(seq, num_new):
-                victim = self.running[-1]
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is seq:
-                    break
+        # Decodes go before unfinished prompt chunks so a long prompt never starves them.
+        decodes = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        chunks = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        for seq in decodes + chunks:
+            if budget <= 0:
+                break
             if seq.status != SequenceStatus.RUNNING:
-                break  # seq preempted itself: it was the newest
+                continue  # preempted earlier in this loop
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._make_room(seq, num_new, out):
+                continue
             self.block_manager.allocate(seq, num_new)
             out.scheduled.append((seq, num_new))
             budget -= num_new
-            index += 1
         return budget
+
+    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Preempt the newest running sequences not yet scheduled this step until `seq` fits;
+        False if `seq` itself had to go."""
+        scheduled = {s.seq_id for s, _ in out.scheduled}
+        while not self.block_manager.can_allocate(seq, num_new):
+            victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled)
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         skipped: list[Sequence] = []
@@ -110,10 +120,16 @@ class Scheduler:
             if self._waits_for_parent(seq):
                 skipped.append(self.waiting.popleft())
                 continue
-            if not seq.block_table:
+            looked_up = not seq.block_table
+            if looked_up:
                 self.block_manager.match_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_new):
+                # Hold no blocks while waiting: a waiting sequence pinning prefix hits (or a
+                # forked prompt) could starve the sequences that must run to release memory.
+                if looked_up:
+                    self.block_manager.undo_match(seq)
+                self.block_manager.free(seq)
                 break
             self.waiting.popleft()
             self.block_manager.allocate(seq, num_new)

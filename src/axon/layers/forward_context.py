@@ -11,7 +11,7 @@ import torch
 
 @dataclass
 class PrefillChunk:
-    """A sequence computing `query_len` tokens at positions [context_len - query_len, context_len)."""
+    """One sequence computing `query_len` tokens ending at position `context_len - 1`."""
 
     query_start: int
     query_len: int
@@ -34,7 +34,9 @@ class AttentionMetadata:
         if key not in self._masks:
             chunk = self.prefills[index]
             device = chunk.key_slots.device
-            q_pos = torch.arange(chunk.query_len, device=device) + (chunk.context_len - chunk.query_len)
+            q_pos = torch.arange(chunk.query_len, device=device) + (
+                chunk.context_len - chunk.query_len
+            )
             k_pos = torch.arange(chunk.context_len, device=device)
             mask = k_pos[None, :] <= q_pos[:, None]
             if window is not None:

@@ -11,7 +11,9 @@ from torch import nn
 def rope_inv_freq(rotary_dim: int, params: dict) -> torch.Tensor:
     """Inverse frequencies [rotary_dim // 2] for a HF `rope_parameters` dict."""
     base = float(params.get("rope_theta", 10000.0))
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+    inv_freq = 1.0 / (
+        base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)
+    )
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type == "default":
         return inv_freq

@@ -80,7 +80,9 @@ class LlamaMLP(nn.Module):
         inter = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], bias)
         self.down_proj = RowParallelLinear(inter, config.hidden_size, bias)
-        self.act_fn = get_act_and_mul(getattr(config, "hidden_activation", None) or config.hidden_act)
+        self.act_fn = get_act_and_mul(
+            getattr(config, "hidden_activation", None) or config.hidden_act
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))

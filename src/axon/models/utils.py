@@ -24,7 +24,7 @@ def rope_params_of(config, layer_type: str | None = None) -> dict:
 
 
 def layer_type_of(config, layer_idx: int) -> str:
-    """"sliding_attention" or "full_attention" (HF's `layer_types`; full when absent)."""
+    """ "sliding_attention" or "full_attention" (HF's `layer_types`; full when absent)."""
     layer_types = getattr(config, "layer_types", None)
     if layer_types and getattr(config, "sliding_window", None):
         return layer_types[layer_idx]

@@ -35,7 +35,9 @@ class KVCachePlan:
         )
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
@@ -54,7 +56,9 @@ def available_memory(device: torch.device) -> int:
     return _CPU_DEFAULT_CAP
 
 
-def plan_kv_cache(config, bytes_per_token: int, model_max_len: int, device: torch.device) -> KVCachePlan:
+def plan_kv_cache(
+    config, bytes_per_token: int, model_max_len: int, device: torch.device
+) -> KVCachePlan:
     """Size the cache from `kv_cache_memory` or a fraction of free memory, never beyond what
     `max_num_seqs` sequences of `max_model_len` tokens can use. Raises ValueError when the
     budget cannot hold one block."""

@@ -15,7 +15,6 @@ from axon.layers.forward_context import AttentionMetadata, PrefillChunk, set_for
 from axon.loader.safetensors import iterate_safetensors
 from axon.loader.weights import load_weights
 from axon.models.registry import get_model_class
-from axon.models.utils import head_dim_of
 from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
 from axon.sampling import Sampler
 from axon.sequence import Sequence
@@ -110,13 +109,20 @@ class ModelRunner:
             **self._decode_metadata(decode_rows, decode_seqs),
         )
         return StepBatch(
-            self._tensor(input_ids), self._tensor(positions), attn, self._tensor(logits_indices),
+            self._tensor(input_ids),
+            self._tensor(positions),
+            attn,
+            self._tensor(logits_indices),
             sampling_seqs,
         )
 
     def _decode_metadata(self, rows: list[int], seqs: list[Sequence]) -> dict:
         if not rows:
-            return {"decode_token_index": None, "decode_key_slots": None, "decode_context_lens": None}
+            return {
+                "decode_token_index": None,
+                "decode_key_slots": None,
+                "decode_context_lens": None,
+            }
         block_size = self.plan.block_size
         lens = [seq.num_computed_tokens + 1 for seq in seqs]
         width = max(lens)

@@ -1,14 +1,16 @@
 """Per-step sampling tensors, built once from the batch's sequences.
 
-Every stage the sampler may run has its tensors here, or `None` when no row in the batch needs
-that stage, so the sampler skips it without looking at a single vocab-sized tensor. Row subsets
-are index tensors; `rows=None` means "every row" and saves a gather and a scatter.
+Rows fall into three groups that each take one path through the sampler: greedy rows (argmax),
+plain random rows (temperature only: one pass over the vocabulary) and filtered random rows
+(top_k / top_p / min_p: work on each row's top candidates). A group, or a stage such as the
+penalties, is `None` when no row needs it, so the sampler skips it without touching a
+vocab-sized tensor. Which group a row is in depends only on its own parameters.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,6 +18,10 @@ from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
 
 _MASK64 = (1 << 64) - 1
+# Filtered rows first look at this many top logits; a row whose kept tokens might extend past
+# them is redone with a full sort. Real next-token distributions rarely need the full sort.
+_MIN_CANDIDATES = 256
+_MAX_TOP_K_CANDIDATES = 2048  # a larger top_k relies on the other filters, or the full sort
 
 
 def _mix64(z: int) -> int:
@@ -44,59 +50,65 @@ def sequence_noise_key(seq: Sequence) -> int:
 
 
 @dataclass
-class RowValues:
-    """A per-row parameter for the rows that use it."""
+class RandomRows:
+    """Random rows with no filter: temperature, softmax, draw."""
 
-    rows: torch.Tensor | None  # [N] long; None = every row of the tensor it applies to
-    values: torch.Tensor  # [N, 1]
+    rows: torch.Tensor  # [R] long, ascending batch rows
+    noise_keys: torch.Tensor  # [R] int64, 32-bit keys
+    temperatures: torch.Tensor | None  # [R, 1] float32; None when all are 1
 
 
 @dataclass
-class TopPTensors:
-    """Rows that need a sort: top_p (and their top_k, applied first)."""
+class FilteredRows(RandomRows):
+    """Random rows with top_k, top_p or min_p; a parameter is None when no row uses it."""
 
-    rows: torch.Tensor | None  # [P] long into the random sub-batch; None = all of it
-    top_p: torch.Tensor  # [P, 1] float32
-    top_k: torch.Tensor  # [P, 1] long; vocab_size where top_k is off
+    top_k: torch.Tensor | None  # [F, 1] long; vocab_size where a row has none
+    top_p: torch.Tensor | None  # [F, 1] float32; 1.0 where a row has none
+    log_min_p: torch.Tensor | None  # [F, 1] float32 log(min_p); -inf where a row has none
+    num_candidates: int  # top logits looked at first, <= vocab_size
+
+    def select(self, index: torch.Tensor) -> FilteredRows:
+        """Return these rows' parameters at `index` [U] (positions in this group)."""
+        pick = lambda t: None if t is None else t[index]
+        return replace(
+            self,
+            rows=self.rows[index],
+            noise_keys=self.noise_keys[index],
+            temperatures=pick(self.temperatures),
+            top_k=pick(self.top_k),
+            top_p=pick(self.top_p),
+            log_min_p=pick(self.log_min_p),
+        )
 
 
 @dataclass
 class PenaltyTensors:
-    """Flat (row, token) pairs to count, and the penalties of the rows that have any."""
+    """Every (row, token) pair a penalty changes, flat, with what happens to its logit."""
 
-    rows: torch.Tensor | None  # [N] long into the batch; None = every row
-    output_rows: torch.Tensor  # [T_out] long into the N penalised rows
-    output_ids: torch.Tensor  # [T_out] long, every output token of those rows
-    prompt_rows: torch.Tensor | None  # [T_prompt] long; None without repetition penalties
-    prompt_ids: torch.Tensor | None  # [T_prompt] long
-    repetition: torch.Tensor | None  # [N, 1] float32; None when all are 1
-    frequency: torch.Tensor | None  # [N, 1] float32; None when all are 0
-    presence: torch.Tensor | None  # [N, 1] float32; None when all are 0
+    rows: torch.Tensor  # [T] long batch rows
+    token_ids: torch.Tensor  # [T] long
+    repetition: torch.Tensor | None  # [T] float32 the pair's row's penalty; None when all 1
+    subtract: torch.Tensor | None  # [T] float32 frequency*count + presence*(count>0); or None
 
 
 @dataclass
 class SamplingMetadata:
-    """Everything the sampler needs about one step's batch, one row per sequence."""
+    """Everything the sampler needs about one step's batch, one logits row per sequence."""
 
     num_rows: int
     vocab_size: int
     greedy_rows: torch.Tensor | None  # [G] long; None when no row is greedy
-    random_rows: torch.Tensor | None  # [R] long; None when every row is greedy
-    all_random: bool
-    noise_keys: torch.Tensor | None  # [R] int64, 32-bit keys of the random rows
-    temperatures: torch.Tensor | None  # [R, 1] float32; None when all are 1
-    top_k: RowValues | None  # long k, rows with top_k but no top_p (into the random sub-batch)
-    top_p: TopPTensors | None
-    log_min_p: RowValues | None  # float32 log(min_p), rows with min_p > 0 (random sub-batch)
+    plain: RandomRows | None
+    filtered: FilteredRows | None
     penalties: PenaltyTensors | None
-    banned_rows: torch.Tensor | None  # [X] long; with banned_ids: logits set to -inf
+    banned_rows: torch.Tensor | None  # [X] long; with banned_ids: min_tokens sets them -inf
     banned_ids: torch.Tensor | None  # [X] long
-    logprob_rows: torch.Tensor | None  # [L] long; rows that asked for logprobs
+    logprob_rows: torch.Tensor | None  # [L] long rows that asked for logprobs
     num_logprobs: list[int | None]  # [B] each row's SamplingParams.logprobs
 
     @property
     def edits_logits(self) -> bool:
-        """Return whether any stage before the greedy/random split rewrites logits."""
+        """Return whether a stage before the greedy/random split rewrites logits."""
         return self.penalties is not None or self.banned_rows is not None
 
     @classmethod
@@ -106,23 +118,16 @@ class SamplingMetadata:
         """Return the metadata of a batch whose logits row i belongs to `seqs[i]`."""
         params = [seq.sampling_params for seq in seqs]
         greedy = [i for i, p in enumerate(params) if p.greedy]
-        random = [i for i, p in enumerate(params) if not p.greedy]
-        random_seqs = [seqs[i] for i in random]
+        plain = [i for i, p in enumerate(params) if not p.greedy and not _has_filter(p)]
+        filtered = [i for i, p in enumerate(params) if not p.greedy and _has_filter(p)]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         banned_rows, banned_ids = _banned_tokens(seqs, vocab_size)
         return cls(
             num_rows=len(seqs),
             vocab_size=vocab_size,
             greedy_rows=_long(greedy, device) if greedy else None,
-            random_rows=_long(random, device) if random else None,
-            all_random=len(random) == len(seqs),
-            noise_keys=_long([sequence_noise_key(s) for s in random_seqs], device)
-            if random
-            else None,
-            temperatures=_temperatures(random_seqs, device),
-            top_k=_top_k_only(random_seqs, device),
-            top_p=_top_p(random_seqs, vocab_size, device),
-            log_min_p=_log_min_p(random_seqs, device),
+            plain=_random_rows(seqs, plain, device) if plain else None,
+            filtered=_filtered_rows(seqs, filtered, vocab_size, device) if filtered else None,
             penalties=_penalties(seqs, vocab_size, device),
             banned_rows=_long(banned_rows, device) if banned_rows else None,
             banned_ids=_long(banned_ids, device) if banned_ids else None,
@@ -136,56 +141,47 @@ def _long(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long, device=device)
 
 
-def _column(values: list[float], device: torch.device) -> torch.Tensor:
-    """Return `values` as a float32 column [N, 1] on `device`."""
-    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+def _float(values: list[float], device: torch.device) -> torch.Tensor:
+    """Return `values` as a float32 tensor on `device`."""
+    return torch.tensor(values, dtype=torch.float32, device=device)
 
 
-def _subset(used: list[int], total: int, device: torch.device) -> torch.Tensor | None:
-    """Return the row indices `used`, or None when they are all `total` rows."""
-    return None if len(used) == total else _long(used, device)
+def _has_filter(params: SamplingParams) -> bool:
+    return params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
 
 
-def _temperatures(seqs: list[Sequence], device: torch.device) -> torch.Tensor | None:
-    """Return the random rows' temperatures [R, 1], or None when every one is 1."""
-    temperatures = [s.sampling_params.temperature for s in seqs]
-    if all(t == 1.0 for t in temperatures):
-        return None
-    return _column(temperatures, device)
-
-
-def _top_k_only(seqs: list[Sequence], device: torch.device) -> RowValues | None:
-    """Return k for the rows with top_k and no top_p (those go through the sort instead)."""
-    params = [s.sampling_params for s in seqs]
-    used = [i for i, p in enumerate(params) if p.top_k > 0 and p.top_p >= 1.0]
-    if not used:
-        return None
-    k = _long([params[i].top_k for i in used], device).unsqueeze(1)  # [K, 1]
-    return RowValues(_subset(used, len(seqs), device), k)
-
-
-def _top_p(seqs: list[Sequence], vocab_size: int, device: torch.device) -> TopPTensors | None:
-    """Return top_p, and the top_k that precedes it, for the rows with top_p < 1."""
-    params = [s.sampling_params for s in seqs]
-    used = [i for i, p in enumerate(params) if p.top_p < 1.0]
-    if not used:
-        return None
-    top_k = [min(params[i].top_k, vocab_size) or vocab_size for i in used]
-    return TopPTensors(
-        rows=_subset(used, len(seqs), device),
-        top_p=_column([params[i].top_p for i in used], device),
-        top_k=_long(top_k, device).unsqueeze(1),
+def _random_rows(seqs: list[Sequence], rows: list[int], device: torch.device) -> RandomRows:
+    """Return the rows, noise keys and temperatures of random `rows`."""
+    temperatures = [seqs[i].sampling_params.temperature for i in rows]
+    return RandomRows(
+        rows=_long(rows, device),
+        noise_keys=_long([sequence_noise_key(seqs[i]) for i in rows], device),
+        temperatures=None
+        if all(t == 1.0 for t in temperatures)
+        else _float(temperatures, device).unsqueeze(1),
     )
 
 
-def _log_min_p(seqs: list[Sequence], device: torch.device) -> RowValues | None:
-    """Return log(min_p) for the rows with min_p > 0: min_p on probabilities is a logit gap."""
-    params = [s.sampling_params for s in seqs]
-    used = [i for i, p in enumerate(params) if p.min_p > 0.0]
-    if not used:
-        return None
-    log_min_p = _column([math.log(params[i].min_p) for i in used], device)
-    return RowValues(_subset(used, len(seqs), device), log_min_p)
+def _filtered_rows(
+    seqs: list[Sequence], rows: list[int], vocab_size: int, device: torch.device
+) -> FilteredRows:
+    """Return random `rows`' filter parameters, each None when none of them uses it."""
+    params = [seqs[i].sampling_params for i in rows]
+    top_k = [min(p.top_k, vocab_size) or vocab_size for p in params]
+    top_p = [p.top_p for p in params]
+    min_p = [p.min_p for p in params]
+    small_k = [k for k in top_k if k <= _MAX_TOP_K_CANDIDATES]
+    column = lambda values: _float(values, device).unsqueeze(1)  # [F, 1]
+    return FilteredRows(
+        **vars(_random_rows(seqs, rows, device)),
+        top_k=_long(top_k, device).unsqueeze(1) if any(p.top_k for p in params) else None,
+        top_p=column(top_p) if any(p < 1.0 for p in top_p) else None,
+        log_min_p=column([math.log(p) if p > 0 else -math.inf for p in min_p])
+        if any(min_p)
+        else None,
+        # One more than the largest top_k shows that the k-th candidate's successor is cut.
+        num_candidates=min(vocab_size, max([_MIN_CANDIDATES] + [k + 1 for k in small_k])),
+    )
 
 
 def _has_penalty(params: SamplingParams) -> bool:
@@ -197,46 +193,57 @@ def _has_penalty(params: SamplingParams) -> bool:
 
 
 def _flat_pairs(
-    token_lists: list[list[int]], vocab_size: int, device: torch.device
+    rows: list[int], token_lists: list[list[int]], vocab_size: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (row, token id) of every in-vocab token in `token_lists`: ([T] long, [T] long)."""
+    """Return (row, token id) of every in-vocab token of `token_lists`: ([T] long, [T] long)."""
     lengths = _long([len(ids) for ids in token_lists], device)  # [N]
-    rows = torch.repeat_interleave(torch.arange(len(token_lists), device=device), lengths)  # [T]
-    ids = _long([t for token_ids in token_lists for t in token_ids], device)  # [T]
-    # Ids past the logits' width (a tokenizer's added tokens) cannot be penalised; drop them.
-    in_vocab = ids < vocab_size  # [T]
-    return rows[in_vocab], ids[in_vocab]
+    pair_rows = torch.repeat_interleave(_long(rows, device), lengths)  # [T]
+    pair_ids = _long([t for token_ids in token_lists for t in token_ids], device)  # [T]
+    # Ids past the logits' width (a tokenizer's added tokens) have no logit to penalise.
+    in_vocab = pair_ids < vocab_size  # [T]
+    return pair_rows[in_vocab], pair_ids[in_vocab]
+
+
+def _output_counts(
+    seqs: list[Sequence], rows: list[int], keys: torch.Tensor, vocab_size: int
+) -> torch.Tensor:
+    """Return how often each (row * V + token) in `keys` [T] occurs in its row's output [T]."""
+    output = [seqs[i].output_token_ids for i in rows]
+    out_rows, out_ids = _flat_pairs(rows, output, vocab_size, keys.device)  # [T_out]
+    sorted_keys = (out_rows * vocab_size + out_ids).sort().values  # [T_out]
+    after = torch.searchsorted(sorted_keys, keys, right=True)  # [T]
+    return (after - torch.searchsorted(sorted_keys, keys)).float()  # [T]
 
 
 def _penalties(
     seqs: list[Sequence], vocab_size: int, device: torch.device
 ) -> PenaltyTensors | None:
-    """Return the penalty tensors of the rows with any penalty, or None when none has one."""
-    used = [i for i, s in enumerate(seqs) if _has_penalty(s.sampling_params)]
-    if not used:
+    """Return the pairs the penalties change, or None when no row has a penalty.
+
+    Repetition looks at prompt and output tokens, frequency and presence at output tokens only;
+    a prompt-only pair gets count 0, so subtracting its term changes nothing.
+    """
+    rows = [i for i, s in enumerate(seqs) if _has_penalty(s.sampling_params)]
+    if not rows:
         return None
-    params = [seqs[i].sampling_params for i in used]
-    repetition = [p.repetition_penalty for p in params]
-    frequency = [p.frequency_penalty for p in params]
-    presence = [p.presence_penalty for p in params]
-    output_rows, output_ids = _flat_pairs(
-        [seqs[i].output_token_ids for i in used], vocab_size, device
-    )
-    prompt_rows = prompt_ids = None
-    if any(r != 1.0 for r in repetition):
-        prompt_rows, prompt_ids = _flat_pairs(
-            [seqs[i].prompt_token_ids for i in used], vocab_size, device
-        )
-    return PenaltyTensors(
-        rows=_subset(used, len(seqs), device),
-        output_rows=output_rows,
-        output_ids=output_ids,
-        prompt_rows=prompt_rows,
-        prompt_ids=prompt_ids,
-        repetition=_column(repetition, device) if any(r != 1.0 for r in repetition) else None,
-        frequency=_column(frequency, device) if any(frequency) else None,
-        presence=_column(presence, device) if any(presence) else None,
-    )
+    params = [seqs[i].sampling_params for i in rows]
+    tokens = [
+        seqs[i].token_ids if p.repetition_penalty != 1.0 else seqs[i].output_token_ids
+        for i, p in zip(rows, params)
+    ]
+    pair_rows, pair_ids = _flat_pairs(rows, tokens, vocab_size, device)  # [T], [T]
+    per_row = lambda name: torch.zeros(len(seqs), device=device).index_copy_(
+        0, _long(rows, device), _float([getattr(p, name) for p in params], device)
+    )[pair_rows]  # [T]
+    subtract = None
+    if any(p.frequency_penalty or p.presence_penalty for p in params):
+        counts = _output_counts(seqs, rows, pair_rows * vocab_size + pair_ids, vocab_size)  # [T]
+        subtract = per_row("frequency_penalty") * counts
+        subtract += per_row("presence_penalty") * (counts > 0)
+    repetition = None
+    if any(p.repetition_penalty != 1.0 for p in params):
+        repetition = per_row("repetition_penalty")
+    return PenaltyTensors(pair_rows, pair_ids, repetition, subtract)
 
 
 def _banned_tokens(seqs: list[Sequence], vocab_size: int) -> tuple[list[int], list[int]]:
