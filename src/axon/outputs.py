@@ -13,6 +13,19 @@ class Logprob:
 
 
 @dataclass
+class TokenUpdate:
+    """One sample's progress in one engine step; small and picklable (crosses processes)."""
+
+    request_id: str
+    index: int  # which of the request's `n` samples
+    token_id: int | None  # None when only a prompt chunk was computed
+    logprobs: object | None = None  # axon.sampling.TokenLogprobs
+    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str

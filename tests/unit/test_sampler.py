@@ -106,6 +106,15 @@ def test_input_logits_are_not_modified() -> None:
     assert torch.equal(logits, before)
 
 
+def test_half_precision_logits_are_accepted_and_a_wrong_shape_is_an_error() -> None:
+    seqs = [make_seq(SamplingParams(temperature=0.0))]
+    logits = torch.tensor([[0.0, 2.0, 1.0]])
+    assert run_sampler(logits.bfloat16(), seqs).token_ids == [1]
+    meta = SamplingMetadata.from_sequences(seqs, 4, CPU)
+    with pytest.raises(ValueError, match="logits shape"):
+        Sampler()(logits, meta)
+
+
 # --- distributions --------------------------------------------------------------------------
 
 

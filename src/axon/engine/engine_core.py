@@ -7,29 +7,18 @@ in its own process, so nothing here may assume a frontend.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-
 import torch
 
 from axon.cache.block_manager import BlockManager
 from axon.config import EngineConfig
 from axon.engine.scheduler import Scheduler
 from axon.runner.model_runner import ModelRunner
-from axon.sampling import SamplingMetadata, TokenLogprobs
+from axon.outputs import TokenUpdate
+from axon.sampling import SamplingMetadata
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SequenceUpdate:
-    """One sequence's progress in one step."""
-
-    seq: Sequence
-    token_id: int | None  # None when the sequence only computed a prompt chunk or was aborted
-    logprobs: TokenLogprobs | None
-    finished: bool
 
 
 def eos_token_ids_of(model_dir: str, hf_config) -> frozenset[int]:
@@ -70,6 +59,7 @@ class EngineCore:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self._captured_logits: dict[int, torch.Tensor] | None = None
+        self.requests: dict[str, list[Sequence]] = {}  # unfinished requests' sequences
 
     # ---- commands ---------------------------------------------------------------------------
 
@@ -90,20 +80,37 @@ class EngineCore:
         ]
         for child in seqs[1:]:
             child.fork_parent = seqs[0]
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running")
         for seq in seqs:
             self.scheduler.add(seq)
+        self.requests[request_id] = seqs
         return seqs
 
     def abort(self, request_ids: list[str] | set[str]) -> list[Sequence]:
-        return self.scheduler.abort(set(request_ids))
+        """Finish these requests now, freeing their blocks; unknown ids are ignored."""
+        aborted = self.scheduler.abort(set(request_ids))
+        for request_id in request_ids:
+            self.requests.pop(request_id, None)
+        return aborted
 
-    def finish_stopped(self, seq: Sequence) -> None:
-        self.scheduler.finish_stopped(seq)
+    def stop_sample(self, request_id: str, index: int) -> None:
+        """Finish one sample early (the frontend matched a stop string)."""
+        seqs = self.requests.get(request_id)
+        if seqs is None or index >= len(seqs):
+            return
+        self.scheduler.finish_stopped(seqs[index])
+        self._forget_if_done(request_id)
+
+    def _forget_if_done(self, request_id: str) -> None:
+        seqs = self.requests.get(request_id)
+        if seqs is not None and all(s.is_finished for s in seqs):
+            del self.requests[request_id]
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[SequenceUpdate]:
+    def step(self) -> list[TokenUpdate]:
         """Schedule, run and sample one step; returns one update per scheduled sequence."""
         out = self.scheduler.schedule()
         if out.is_empty:
@@ -118,14 +125,26 @@ class EngineCore:
         self.num_prompt_tokens += sum(
             n for seq, n in out.scheduled if seq.num_computed_tokens < seq.num_prompt_tokens
         )
-        finished = {s.seq_id for s in self.scheduler.update(out, sampled)}
+        self.scheduler.update(out, sampled)
         self.num_generation_tokens += len(sampled)
-        return [
-            SequenceUpdate(
-                seq, sampled.get(seq.seq_id), logprobs.get(seq.seq_id), seq.seq_id in finished
-            )
-            for seq, _ in out.scheduled
-        ]
+        updates = [self._update_of(seq, sampled, logprobs) for seq, _ in out.scheduled]
+        for seq, _ in out.scheduled:
+            if seq.is_finished:
+                self._forget_if_done(seq.request_id)
+        return updates
+
+    @staticmethod
+    def _update_of(seq: Sequence, sampled: dict, logprobs: dict) -> TokenUpdate:
+        reason = seq.finish_reason.value if seq.finish_reason is not None else None
+        return TokenUpdate(
+            request_id=seq.request_id,
+            index=seq.index,
+            token_id=sampled.get(seq.seq_id),
+            logprobs=logprobs.get(seq.seq_id),
+            finish_reason=reason,
+            stop_reason=seq.stop_reason,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor):
         if not seqs:

@@ -56,23 +56,20 @@ class LLM:
     def _add(self, prompt: PromptType, params: SamplingParams) -> RequestState:
         text, ids = self._prompt_ids(prompt)
         request_id = str(next(self._request_counter))
-        seqs = self.engine.add_request(request_id, ids, params)
-        return RequestState(request_id, text, seqs, self.tokenizer)
+        self.engine.add_request(request_id, ids, params)
+        return RequestState(request_id, text, ids, params, self.tokenizer)
 
     # ---- the loop ---------------------------------------------------------------------------
 
-    def _step(self, states: dict[str, RequestState]) -> list[RequestState]:
-        """One engine step; returns the request states that changed."""
-        changed = {}
+    def _step(self, states: dict[str, RequestState]) -> None:
+        """Run one engine step and apply its updates to `states`."""
         for update in self.engine.step():
-            state = states.get(update.seq.request_id)
+            state = states.get(update.request_id)
             if state is None:
                 continue
-            sample = state.samples[update.seq.seq_id]
-            if sample.add(update):
-                self.engine.finish_stopped(update.seq)  # a stop string: free its blocks now
-            changed[state.request_id] = state
-        return list(changed.values())
+            if state.samples[update.index].add(update):
+                # A stop string: free the sequence's blocks now.
+                self.engine.stop_sample(update.request_id, update.index)
 
     def generate(
         self,
@@ -84,12 +81,11 @@ class LLM:
         if isinstance(prompts, str | dict):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
-        params_list = (
-            [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        )
-        if len(params_list) != len(prompts):
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
             raise ValueError("sampling_params must be one SamplingParams or one per prompt")
-        states = [self._add(p, sp) for p, sp in zip(prompts, params_list)]
+        states = [self._add(p, sp) for p, sp in zip(prompts, params)]
         pending = {s.request_id: s for s in states}
         while any(not s.finished for s in states):
             self._step(pending)
@@ -100,11 +96,11 @@ class LLM:
     ) -> Iterator[str]:
         """Yield text deltas of the first sample as they are produced."""
         state = self._add(prompt, sampling_params or SamplingParams())
-        sample = next(iter(state.samples.values()))
+        sample = state.samples[0]
         try:
             while not state.finished:
                 self._step({state.request_id: state})
-                delta = sample.new_text(state.finished)
+                delta = sample.new_text()
                 if delta:
                     yield delta
         finally:

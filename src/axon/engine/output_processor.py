@@ -1,56 +1,68 @@
-"""Frontend-side request state: detokenized text, stop strings, logprobs, RequestOutputs."""
+"""Frontend-side request state: detokenized text, stop strings, logprobs, RequestOutputs.
+
+Lives wherever the tokenizer is (the HTTP process when serving) and consumes the engine's
+TokenUpdates, so it never touches the device.
+"""
 
 from __future__ import annotations
 
-from axon.engine.engine_core import SequenceUpdate
-from axon.outputs import CompletionOutput, Logprob, RequestOutput
-from axon.sampling import TokenLogprobs
-from axon.sequence import Sequence
+from axon.outputs import CompletionOutput, Logprob, RequestOutput, TokenUpdate
+from axon.sampling_params import SamplingParams
 from axon.tokenizer.detokenizer import IncrementalDetokenizer
 
 
 class SampleState:
     """One of a request's `n` samples as the client sees it."""
 
-    def __init__(self, seq: Sequence, tokenizer):
-        self.seq = seq
-        params = seq.sampling_params
-        self.detokenizer = (
-            IncrementalDetokenizer(tokenizer, seq.prompt_token_ids, params.skip_special_tokens)
-            if tokenizer is not None
-            else None
-        )
+    def __init__(self, index: int, params: SamplingParams, prompt_token_ids: list[int], tokenizer):
+        self.index = index
+        self.params = params
         self.tokenizer = tokenizer
+        self.detokenizer = None
+        if tokenizer is not None:
+            self.detokenizer = IncrementalDetokenizer(
+                tokenizer, prompt_token_ids, params.skip_special_tokens
+            )
         self.text = ""
         self.emitted = 0  # characters of `text` already streamed
         self.token_ids: list[int] = []
-        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
-        self.cumulative_logprob = 0.0 if params.logprobs is not None else None
+        want_logprobs = params.logprobs is not None
+        self.logprobs: list[dict[int, Logprob]] | None = [] if want_logprobs else None
+        self.cumulative_logprob = 0.0 if want_logprobs else None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        self.num_cached_tokens = 0
 
-    def add(self, update: SequenceUpdate) -> bool:
-        """Apply one step's update; returns True when a stop string ended the sample."""
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, update: TokenUpdate) -> bool:
+        """Apply one step's update; returns True when a stop string ended the sample (the
+        caller must then stop the engine's sequence)."""
+        if self.finished:
+            return False
+        self.num_cached_tokens = update.num_cached_tokens
         if update.token_id is not None:
             self.token_ids.append(update.token_id)
-            if update.logprobs is not None:
+            if update.logprobs is not None and self.logprobs is not None:
                 self._add_logprobs(update.logprobs)
             if self.detokenizer is not None:
                 self.text += self.detokenizer.add(update.token_id)
                 if self._match_stop_string():
                     return True
-        if update.finished:
-            self._finish()
+        if update.finish_reason is not None:
+            if self.detokenizer is not None:
+                self.text += self.detokenizer.flush()
+            self.finish_reason, self.stop_reason = update.finish_reason, update.stop_reason
         return False
 
-    def _add_logprobs(self, lp: TokenLogprobs) -> None:
+    def _add_logprobs(self, lp) -> None:
         entry = {
             tok: Logprob(val, rank=i + 1, decoded_token=self._piece(tok))
             for i, (tok, val) in enumerate(lp.top)
         }
-        entry[lp.token_id] = Logprob(
-            lp.logprob, rank=lp.rank, decoded_token=self._piece(lp.token_id)
-        )
+        entry[lp.token_id] = Logprob(lp.logprob, rank=lp.rank, decoded_token=self._piece(lp.token_id))
         self.logprobs.append(entry)
         self.cumulative_logprob += lp.logprob
 
@@ -58,38 +70,30 @@ class SampleState:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else None
 
     def _match_stop_string(self) -> bool:
-        params = self.seq.sampling_params
-        if not params.stop:
+        stops = self.params.stop
+        if not stops:
             return False
-        longest = max(len(s) for s in params.stop)
-        start = max(0, self.emitted - longest)
-        for stop in params.stop:
+        start = max(0, self.emitted - max(len(s) for s in stops))
+        for stop in stops:
             index = self.text.find(stop, start)
             if index >= 0:
-                end = index + len(stop) if params.include_stop_str_in_output else index
-                self.text = self.text[:end]
+                keep = index + len(stop) if self.params.include_stop_str_in_output else index
+                self.text = self.text[:keep]
                 self.finish_reason, self.stop_reason = "stop", stop
                 return True
         return False
 
-    def _finish(self) -> None:
-        if self.detokenizer is not None:
-            self.text += self.detokenizer.flush()
-        reason = self.seq.finish_reason
-        self.finish_reason = reason.value if reason is not None else "stop"
-        self.stop_reason = self.seq.stop_reason
-
-    def new_text(self, finished: bool) -> str:
-        """Text not streamed yet; holds back what could still become a stop string."""
-        params = self.seq.sampling_params
-        hold = 0 if finished or not params.stop else max(len(s) for s in params.stop) - 1
+    def new_text(self) -> str:
+        """Text not streamed yet; holds back a tail that could still become a stop string."""
+        stops = self.params.stop
+        hold = 0 if self.finished or not stops else max(len(s) for s in stops) - 1
         end = max(self.emitted, len(self.text) - hold)
         delta, self.emitted = self.text[self.emitted : end], end
         return delta
 
     def output(self) -> CompletionOutput:
         return CompletionOutput(
-            index=self.seq.index,
+            index=self.index,
             text=self.text,
             token_ids=list(self.token_ids),
             cumulative_logprob=self.cumulative_logprob,
@@ -100,23 +104,30 @@ class SampleState:
 
 
 class RequestState:
-    def __init__(self, request_id: str, prompt: str | None, seqs: list[Sequence], tokenizer):
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        tokenizer,
+    ):
         self.request_id = request_id
         self.prompt = prompt
-        self.prompt_token_ids = seqs[0].prompt_token_ids
-        self.samples = {seq.seq_id: SampleState(seq, tokenizer) for seq in seqs}
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.samples = [SampleState(i, params, prompt_token_ids, tokenizer) for i in range(params.n)]
 
     @property
     def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.samples.values())
+        return all(s.finished for s in self.samples)
 
     def to_output(self) -> RequestOutput:
-        samples = sorted(self.samples.values(), key=lambda s: s.seq.index)
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=list(self.prompt_token_ids),
-            outputs=[s.output() for s in samples],
+            outputs=[s.output() for s in self.samples],
             finished=self.finished,
-            num_cached_tokens=samples[0].seq.num_cached_tokens,
+            num_cached_tokens=self.samples[0].num_cached_tokens,
         )

@@ -215,6 +215,15 @@ def _output_counts(
     return (after - torch.searchsorted(sorted_keys, keys)).float()  # [T]
 
 
+def _per_pair(
+    values: list[float], rows: list[int], pair_rows: torch.Tensor, num_rows: int
+) -> torch.Tensor:
+    """Return, for each pair [T], the value in `values` of its row (one value per `rows`)."""
+    by_row = torch.zeros(num_rows, device=pair_rows.device)  # [B]
+    by_row[_long(rows, pair_rows.device)] = _float(values, pair_rows.device)
+    return by_row[pair_rows]  # [T]
+
+
 def _penalties(
     seqs: list[Sequence], vocab_size: int, device: torch.device
 ) -> PenaltyTensors | None:
@@ -232,9 +241,9 @@ def _penalties(
         for i, p in zip(rows, params)
     ]
     pair_rows, pair_ids = _flat_pairs(rows, tokens, vocab_size, device)  # [T], [T]
-    per_row = lambda name: torch.zeros(len(seqs), device=device).index_copy_(
-        0, _long(rows, device), _float([getattr(p, name) for p in params], device)
-    )[pair_rows]  # [T]
+    per_row = lambda name: _per_pair(
+        [getattr(p, name) for p in params], rows, pair_rows, len(seqs)
+    )  # [T]
     subtract = None
     if any(p.frequency_penalty or p.presence_penalty for p in params):
         counts = _output_counts(seqs, rows, pair_rows * vocab_size + pair_ids, vocab_size)  # [T]
