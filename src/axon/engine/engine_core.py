@@ -7,13 +7,14 @@ in its own process, so nothing here may assume a frontend.
 from __future__ import annotations
 
 import logging
+
 import torch
 
 from axon.cache.block_manager import BlockManager
 from axon.config import EngineConfig
 from axon.engine.scheduler import Scheduler
-from axon.runner.model_runner import ModelRunner
 from axon.outputs import TokenUpdate
+from axon.runner.model_runner import ModelRunner
 from axon.sampling import SamplingMetadata
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence

@@ -62,7 +62,9 @@ class SampleState:
             tok: Logprob(val, rank=i + 1, decoded_token=self._piece(tok))
             for i, (tok, val) in enumerate(lp.top)
         }
-        entry[lp.token_id] = Logprob(lp.logprob, rank=lp.rank, decoded_token=self._piece(lp.token_id))
+        entry[lp.token_id] = Logprob(
+            lp.logprob, rank=lp.rank, decoded_token=self._piece(lp.token_id)
+        )
         self.logprobs.append(entry)
         self.cumulative_logprob += lp.logprob
 
@@ -116,7 +118,9 @@ class RequestState:
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
-        self.samples = [SampleState(i, params, prompt_token_ids, tokenizer) for i in range(params.n)]
+        self.samples = [
+            SampleState(i, params, prompt_token_ids, tokenizer) for i in range(params.n)
+        ]
 
     @property
     def finished(self) -> bool:
