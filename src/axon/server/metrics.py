@@ -1,0 +1,194 @@
+"""Prometheus metrics under vLLM's names, with the prefix `axon:` instead of `vllm:`.
+
+Latencies and token counts are observed here in the HTTP process as tokens stream out; the
+engine-side gauges (running / waiting requests, KV usage, prefix-cache counters) are read
+from each engine when /metrics is scraped, so a dashboard built for vLLM works unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+logger = logging.getLogger(__name__)
+
+REGISTRY = CollectorRegistry()
+_LABELS = ["model_name"]
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+)
+
+TTFT = Histogram(
+    "axon:time_to_first_token_seconds",
+    "Time to first token.",
+    _LABELS,
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+ITL = Histogram(
+    "axon:inter_token_latency_seconds",
+    "Inter-token latency.",
+    _LABELS,
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+E2E = Histogram(
+    "axon:e2e_request_latency_seconds",
+    "End-to-end request latency.",
+    _LABELS,
+    buckets=_E2E_BUCKETS,
+    registry=REGISTRY,
+)
+PROMPT_TOKENS = Counter(
+    "axon:prompt_tokens", "Prompt tokens processed.", _LABELS, registry=REGISTRY
+)
+GENERATION_TOKENS = Counter(
+    "axon:generation_tokens", "Generation tokens produced.", _LABELS, registry=REGISTRY
+)
+REQUEST_SUCCESS = Counter(
+    "axon:request_success",
+    "Finished requests.",
+    ["model_name", "finished_reason"],
+    registry=REGISTRY,
+)
+
+
+def request_started(model_id: str) -> None:
+    """Kept for symmetry with vLLM's request lifecycle; running/waiting come from the engine."""
+
+
+def first_token(model_id: str, seconds: float) -> None:
+    TTFT.labels(model_id).observe(seconds)
+
+
+def inter_token(model_id: str, seconds: float) -> None:
+    ITL.labels(model_id).observe(seconds)
+
+
+def request_finished(
+    model_id: str,
+    e2e_seconds: float,
+    prompt_tokens: int,
+    generation_tokens: int,
+    finish_reason: str | None,
+) -> None:
+    E2E.labels(model_id).observe(e2e_seconds)
+    PROMPT_TOKENS.labels(model_id).inc(prompt_tokens)
+    GENERATION_TOKENS.labels(model_id).inc(generation_tokens)
+    REQUEST_SUCCESS.labels(model_id, finish_reason or "abort").inc()
+
+
+class EngineStatsCollector:
+    """Exposes the latest engine snapshots (set just before each scrape)."""
+
+    def __init__(self) -> None:
+        self.snapshots: dict[str, dict] = {}
+
+    def collect(self):
+        families = {
+            "running": GaugeMetricFamily(
+                "axon:num_requests_running", "Requests running in the engine.", labels=_LABELS
+            ),
+            "waiting": GaugeMetricFamily(
+                "axon:num_requests_waiting", "Requests waiting in the engine.", labels=_LABELS
+            ),
+            "kv": GaugeMetricFamily(
+                "axon:kv_cache_usage_perc",
+                "Fraction of KV-cache blocks in use (0-1).",
+                labels=_LABELS,
+            ),
+            "queries": CounterMetricFamily(
+                "axon:prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                labels=_LABELS,
+            ),
+            "hits": CounterMetricFamily(
+                "axon:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels=_LABELS
+            ),
+            "preemptions": CounterMetricFamily(
+                "axon:num_preemptions", "Sequences preempted.", labels=_LABELS
+            ),
+        }
+        keys = {
+            "running": "num_running",
+            "waiting": "num_waiting",
+            "kv": "kv_cache_usage",
+            "queries": "prefix_cache_queries",
+            "hits": "prefix_cache_hits",
+            "preemptions": "num_preemptions",
+        }
+        for model_id, stats in self.snapshots.items():
+            for name, family in families.items():
+                family.add_metric([model_id], float(stats.get(keys[name], 0)))
+        yield from families.values()
+
+
+ENGINE_STATS = EngineStatsCollector()
+REGISTRY.register(ENGINE_STATS)
+
+router = APIRouter()
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    registry = request.app.state.axon.registry
+    models = [m for m in registry.list_models() if m.status == "loaded"]
+    results = await asyncio.gather(*(m.stats() for m in models), return_exceptions=True)
+    snapshots = {}
+    for model, result in zip(models, results):
+        if isinstance(result, Exception):
+            logger.warning("metrics: no stats from %s: %s", model.id, result)
+        else:
+            snapshots[model.id] = result
+    ENGINE_STATS.snapshots = snapshots
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
