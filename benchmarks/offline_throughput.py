@@ -12,6 +12,12 @@ One run builds (or reuses) a Qwen3-shaped random model, then measures on the sam
 
 It prints a markdown table with the ratios and the targets of the core-engine issue.
 
+Both engines are loaded side by side and the measurements are interleaved, because the machine
+may be shared: batch-1 runs alternate axon / transformers (the fastest of each counts), and the
+throughput phases run as transformers per-request (first half of the subset), axon batched,
+transformers padded, transformers per-request (second half). Each phase prints its wall time,
+process CPU time and the 1-minute load average, so a reader can see how busy the machine was.
+
     PYTHONPATH=src python benchmarks/offline_throughput.py            # full run
     PYTHONPATH=src python benchmarks/offline_throughput.py --quick    # smoke run
 
@@ -87,8 +93,9 @@ class Workload:
         return sum(self.output_lens)
 
 
-def make_workload(n: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int,
-                  seed: int) -> Workload:
+def make_workload(
+    n: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int, seed: int
+) -> Workload:
     rng = random.Random(seed)
     prompts, outs = [], []
     for _ in range(n):
@@ -112,7 +119,9 @@ def axon_params(max_tokens: int):
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, min_tokens=0, ignore_eos=True)
 
 
-def axon_generate(llm, prompts: list[list[int]], output_lens: list[int]) -> tuple[float, list[list[int]]]:
+def axon_generate(
+    llm, prompts: list[list[int]], output_lens: list[int]
+) -> tuple[float, list[list[int]]]:
     params = [axon_params(n) for n in output_lens]
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
@@ -130,7 +139,9 @@ def axon_one(llm, prompt: list[int], max_tokens: int) -> float:
 # ---- transformers ---------------------------------------------------------------------------
 
 
-def hf_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def hf_generate(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int
+) -> torch.Tensor:
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -141,7 +152,7 @@ def hf_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ne
         pad_token_id=0,
         use_cache=True,
     )
-    return out[:, input_ids.shape[1]:]
+    return out[:, input_ids.shape[1] :]
 
 
 def hf_one(model, prompt: list[int], new_tokens: int) -> tuple[float, list[int]]:
@@ -160,8 +171,8 @@ def hf_padded_batch(model, prompts: list[list[int]], output_lens: list[int]) -> 
     ids = torch.zeros(len(prompts), width, dtype=torch.long)  # pad id 0, left padding
     mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p)
-        mask[row, width - len(p):] = 1
+        ids[row, width - len(p) :] = torch.tensor(p)
+        mask[row, width - len(p) :] = 1
     new_tokens = max(output_lens)
     start = time.perf_counter()
     with torch.inference_mode():
@@ -216,6 +227,26 @@ def fmt(x: float, digits: int = 1) -> str:
     return f"{x:,.{digits}f}"
 
 
+class Phase:
+    """Times a phase and records the machine's load (the machine is shared, so say how busy)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t0
+        self.cpu = time.process_time() - self.cpu0
+        self.load = os.getloadavg()[0]
+        return False
+
+    def __str__(self) -> str:
+        return f"[wall {self.wall:.1f}s, process CPU {self.cpu:.1f}s, 1-min load {self.load:.2f}]"
+
+
 @dataclass
 class Results:
     info: dict = field(default_factory=dict)
@@ -226,20 +257,33 @@ class Results:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--prompt-len", type=int, nargs=2, default=(32, 256), metavar=("MIN", "MAX"))
     p.add_argument("--output-len", type=int, nargs=2, default=(64, 128), metavar=("MIN", "MAX"))
-    p.add_argument("--hf-subset", type=int, default=8, help="requests timed one at a time in transformers")
-    p.add_argument("--hf-batch", type=int, default=0, help="transformers padded batch size (0: all requests)")
+    p.add_argument(
+        "--hf-subset", type=int, default=8, help="requests timed one at a time in transformers"
+    )
+    p.add_argument(
+        "--hf-batch", type=int, default=0, help="transformers padded batch size (0: all requests)"
+    )
     p.add_argument("--decode-prompt-len", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--decode-repeats", type=int, default=2, help="batch-1 runs per length; the fastest counts")
+    p.add_argument(
+        "--decode-repeats",
+        type=int,
+        default=3,
+        help="interleaved batch-1 rounds (axon 1, hf 1, axon N, hf N); the fastest run counts",
+    )
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
-    p.add_argument("--quick", action="store_true", help="small smoke run (8 requests, short lengths)")
+    p.add_argument(
+        "--quick", action="store_true", help="small smoke run (8 requests, short lengths)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.num_requests = min(args.num_requests, 8)
@@ -267,7 +311,9 @@ def main(argv=None) -> int:
     model_dir = ensure_model(args.model_dir.expanduser(), args.seed)
     read_bytes, total_bytes = weight_bytes(model_dir)
     vocab = MODEL_SHAPE["vocab_size"]
-    work = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), vocab, args.seed)
+    work = make_workload(
+        args.num_requests, tuple(args.prompt_len), tuple(args.output_len), vocab, args.seed
+    )
     hf_batch = args.hf_batch or args.num_requests
     res.info = {
         "machine": f"{cpu_name()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}",
@@ -282,12 +328,15 @@ def main(argv=None) -> int:
     for k, v in res.info.items():
         print(f"{k}: {v}", flush=True)
 
-    # -- axon ---------------------------------------------------------------------------------
+    # -- engines: both loaded at once, so the measurements can be interleaved -----------------
     cfg = json.loads((model_dir / "config.json").read_text())
-    max_model_len = max(args.prompt_len[1] + args.output_len[1], args.decode_prompt_len + args.decode_tokens)
+    max_model_len = max(
+        args.prompt_len[1] + args.output_len[1], args.decode_prompt_len + args.decode_tokens
+    )
     max_model_len = -(-max_model_len // 16) * 16
-    per_token = kv_bytes_per_token(cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_dim"],
-                                   torch.float32)
+    per_token = kv_bytes_per_token(
+        cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["head_dim"], torch.float32
+    )
     max_num_seqs = max(args.num_requests, 1)
     t0 = time.perf_counter()
     llm = LLM(
@@ -299,63 +348,91 @@ def main(argv=None) -> int:
         kv_cache_memory=max_num_seqs * max_model_len * per_token,  # room for every request at once
     )
     print(f"axon loaded in {time.perf_counter() - t0:.1f}s", flush=True)
+    t0 = time.perf_counter()
+    hf = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    print(
+        f"transformers loaded in {time.perf_counter() - t0:.1f}s "
+        f"(attn {hf.config._attn_implementation})",
+        flush=True,
+    )
 
     warm = make_workload(min(4, args.num_requests), (16, 48), (4, 8), vocab, args.seed + 1000)
     axon_generate(llm, warm.prompts, warm.output_lens)
+    hf_one(hf, warm.prompts[0], 4)
+
+    # -- batch-1 decode, interleaved: (axon 1, hf 1, axon N, hf N) per round; fastest counts ----
+    N = args.decode_tokens
+    dprompt = random_prompt(args.decode_prompt_len, vocab, args.seed + 2000)
+    axon_one(llm, dprompt, 2)
+    hf_one(hf, dprompt, 2)
+    times = {"a1": [], "h1": [], "an": [], "hn": []}
+    with Phase("batch-1 decode") as ph_decode:
+        for _ in range(args.decode_repeats):
+            times["a1"].append(axon_one(llm, dprompt, 1))
+            times["h1"].append(hf_one(hf, dprompt, 1)[0])
+            times["an"].append(axon_one(llm, dprompt, N))
+            times["hn"].append(hf_one(hf, dprompt, N)[0])
+    a1, h1, an, hn = (min(times[k]) for k in ("a1", "h1", "an", "hn"))
+    axon_decode, hf_decode = decode_rate(a1, an, N), decode_rate(h1, hn, N)
+    print(
+        f"batch-1 decode: axon 1 token {a1:.3f}s, {N} tokens {an:.3f}s -> {axon_decode:.2f} tok/s; "
+        f"transformers {h1:.3f}s / {hn:.3f}s -> {hf_decode:.2f} tok/s "
+        f"(all runs: {json.dumps({k: [round(x, 3) for x in v] for k, v in times.items()})}) {ph_decode}",
+        flush=True,
+    )
+
+    # -- throughput: hf per-request (first half), axon batched, hf padded, hf per-request (rest) --
+    subset = list(range(min(args.hf_subset, args.num_requests)))
+    half = len(subset) // 2
+    hf_seq = {}
+
+    def run_hf_subset(indices: list[int]) -> None:
+        for i in indices:
+            hf_seq[i] = hf_one(hf, work.prompts[i], work.output_lens[i])
+
+    with Phase("hf per-request, first half") as ph_seq1:
+        run_hf_subset(subset[:half])
+    print(f"transformers per-request: first {half} requests done {ph_seq1}", flush=True)
+
     llm.engine.reset_prefix_cache()
     preempt_before = llm.get_stats()["num_preemptions"]
-    t_axon, axon_tokens = axon_generate(llm, work.prompts, work.output_lens)
+    with Phase("axon batched") as ph_axon:
+        t_axon, axon_tokens = axon_generate(llm, work.prompts, work.output_lens)
     assert [len(t) for t in axon_tokens] == work.output_lens
     axon_tps = work.num_output_tokens / t_axon
     preemptions = llm.get_stats()["num_preemptions"] - preempt_before
-    print(f"axon batched: {work.num_output_tokens} tokens in {t_axon:.2f}s = {axon_tps:.1f} tok/s "
-          f"({preemptions} preemptions)", flush=True)
-
-    dprompt = random_prompt(args.decode_prompt_len, vocab, args.seed + 2000)
-    axon_one(llm, dprompt, 2)  # warm the batch-1 path
-    a1 = min(axon_one(llm, dprompt, 1) for _ in range(args.decode_repeats))
-    an = min(axon_one(llm, dprompt, args.decode_tokens) for _ in range(args.decode_repeats))
-    axon_decode = decode_rate(a1, an, args.decode_tokens)
-    print(f"axon batch-1: 1 token {a1:.3f}s, {args.decode_tokens} tokens {an:.3f}s -> "
-          f"decode {axon_decode:.2f} tok/s", flush=True)
-    del llm
-    gc.collect()
-
-    # -- transformers -------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    hf = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    print(f"transformers loaded in {time.perf_counter() - t0:.1f}s "
-          f"(attn {hf.config._attn_implementation})", flush=True)
-    hf_one(hf, warm.prompts[0], 4)  # warm-up
-
-    subset = list(range(min(args.hf_subset, args.num_requests)))
-    t_sub, agree = 0.0, 0
-    for i in subset:
-        elapsed, toks = hf_one(hf, work.prompts[i], work.output_lens[i])
-        t_sub += elapsed
-        agree += toks == axon_tokens[i]
-    sub_tokens = sum(work.output_lens[i] for i in subset)
-    hf_seq_tps = sub_tokens / t_sub
-    print(f"transformers per-request: {sub_tokens} tokens ({len(subset)} requests) in {t_sub:.2f}s = "
-          f"{hf_seq_tps:.1f} tok/s; greedy outputs identical to axon: {agree}/{len(subset)}", flush=True)
+    print(
+        f"axon batched: {work.num_output_tokens} tokens in {t_axon:.2f}s = {axon_tps:.1f} tok/s "
+        f"({preemptions} preemptions) {ph_axon}",
+        flush=True,
+    )
 
     t_pad = 0.0
     computed = 0
-    for s in range(0, args.num_requests, hf_batch):
-        prompts, outs = work.prompts[s:s + hf_batch], work.output_lens[s:s + hf_batch]
-        t_pad += hf_padded_batch(hf, prompts, outs)
-        computed += len(outs) * max(outs)
+    with Phase("hf padded") as ph_pad:
+        for s in range(0, args.num_requests, hf_batch):
+            prompts, outs = work.prompts[s : s + hf_batch], work.output_lens[s : s + hf_batch]
+            t_pad += hf_padded_batch(hf, prompts, outs)
+            computed += len(outs) * max(outs)
     hf_pad_tps = work.num_output_tokens / t_pad
-    print(f"transformers padded (batch {hf_batch}): {work.num_output_tokens} useful of {computed} generated "
-          f"tokens in {t_pad:.2f}s = {hf_pad_tps:.1f} useful tok/s", flush=True)
+    print(
+        f"transformers padded (batch {hf_batch}): {work.num_output_tokens} useful of {computed} generated "
+        f"tokens in {t_pad:.2f}s = {hf_pad_tps:.1f} useful tok/s {ph_pad}",
+        flush=True,
+    )
 
-    hf_one(hf, dprompt, 2)
-    h1 = min(hf_one(hf, dprompt, 1)[0] for _ in range(args.decode_repeats))
-    hn = min(hf_one(hf, dprompt, args.decode_tokens)[0] for _ in range(args.decode_repeats))
-    hf_decode = decode_rate(h1, hn, args.decode_tokens)
-    print(f"transformers batch-1: 1 token {h1:.3f}s, {args.decode_tokens} tokens {hn:.3f}s -> "
-          f"decode {hf_decode:.2f} tok/s", flush=True)
-    del hf
+    with Phase("hf per-request, second half") as ph_seq2:
+        run_hf_subset(subset[half:])
+    t_sub = sum(hf_seq[i][0] for i in subset)
+    agree = sum(hf_seq[i][1] == axon_tokens[i] for i in subset)
+    sub_tokens = sum(work.output_lens[i] for i in subset)
+    hf_seq_tps = sub_tokens / t_sub
+    print(
+        f"transformers per-request: {sub_tokens} tokens ({len(subset)} requests) in {t_sub:.2f}s = "
+        f"{hf_seq_tps:.1f} tok/s; greedy outputs identical to axon: {agree}/{len(subset)} {ph_seq2}",
+        flush=True,
+    )
+    del llm, hf
     gc.collect()
 
     # -- report -------------------------------------------------------------------------------
@@ -383,20 +460,38 @@ def main(argv=None) -> int:
     print()
     print("\n".join(lines))
     print()
-    print(f"raw: axon batched {t_axon:.2f}s for {work.num_output_tokens} tokens; transformers per-request "
-          f"{t_sub:.2f}s for {sub_tokens} tokens; transformers padded {t_pad:.2f}s; batch-1 axon "
-          f"{a1:.3f}s/{an:.3f}s, transformers {h1:.3f}s/{hn:.3f}s (1/{args.decode_tokens} tokens); "
-          f"greedy agreement on the subset {agree}/{len(subset)}; axon preemptions {preemptions}")
+    print(
+        f"raw: axon batched {t_axon:.2f}s for {work.num_output_tokens} tokens; transformers per-request "
+        f"{t_sub:.2f}s for {sub_tokens} tokens; transformers padded {t_pad:.2f}s; batch-1 axon "
+        f"{a1:.3f}s/{an:.3f}s, transformers {h1:.3f}s/{hn:.3f}s (1/{args.decode_tokens} tokens); "
+        f"greedy agreement on the subset {agree}/{len(subset)}; axon preemptions {preemptions}"
+    )
+    phases = [ph_decode, ph_seq1, ph_axon, ph_pad, ph_seq2]
+    print("phases (in run order): " + "; ".join(f"{ph.name} {ph}" for ph in phases))
     res.rows = dict(
-        axon_batched_tps=axon_tps, hf_per_request_tps=hf_seq_tps, hf_padded_tps=hf_pad_tps,
-        axon_decode_tps=axon_decode, hf_decode_tps=hf_decode, axon_decode_gbps=bw_axon,
-        hf_decode_gbps=bw_hf, ratio_vs_per_request=r1, ratio_vs_padded=r2, ratio_decode=r3,
-        t_axon=t_axon, t_hf_subset=t_sub, t_hf_padded=t_pad, greedy_agreement=f"{agree}/{len(subset)}",
-        read_bytes_per_step=read_bytes, total_param_bytes=total_bytes, args=vars(args) | {
-            "model_dir": str(args.model_dir)},
+        axon_batched_tps=axon_tps,
+        hf_per_request_tps=hf_seq_tps,
+        hf_padded_tps=hf_pad_tps,
+        axon_decode_tps=axon_decode,
+        hf_decode_tps=hf_decode,
+        axon_decode_gbps=bw_axon,
+        hf_decode_gbps=bw_hf,
+        ratio_vs_per_request=r1,
+        ratio_vs_padded=r2,
+        ratio_decode=r3,
+        t_axon=t_axon,
+        t_hf_subset=t_sub,
+        t_hf_padded=t_pad,
+        greedy_agreement=f"{agree}/{len(subset)}",
+        phases={ph.name: dict(wall=ph.wall, cpu=ph.cpu, load=ph.load) for ph in phases},
+        read_bytes_per_step=read_bytes,
+        total_param_bytes=total_bytes,
+        args=vars(args) | {"model_dir": str(args.model_dir)},
     )
     if args.json:
-        args.json.write_text(json.dumps({"info": res.info, "results": res.rows}, indent=2, default=str))
+        args.json.write_text(
+            json.dumps({"info": res.info, "results": res.rows}, indent=2, default=str)
+        )
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The `axon` command line: `axon generate` and `axon chat` on a local Hugging Face model directory.
+"""The `axon` command line: `axon serve` (the HTTP daemon), and `axon generate` and `axon chat` on
+a local Hugging Face model directory.
 
 Engine flags carry vLLM's names (`--max-model-len`, `--enable-prefix-caching`, ...). axon and torch
 are imported inside the command functions only, so `axon --help` and argument errors stay fast.
@@ -137,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from axon.server.serve import add_serve_args  # light: the server stack loads in run_serve
+
+    serve = commands.add_parser("serve", help="run the HTTP server (OpenAI API + node API)")
+    add_serve_args(serve)
+    serve.set_defaults(handler=_cmd_serve)
+
     generate = commands.add_parser("generate", help="complete one prompt, streaming the text")
     generate.add_argument("--prompt", required=True, help="text to complete (no chat template)")
     generate.set_defaults(handler=_cmd_generate)
@@ -272,6 +279,12 @@ def _cmd_chat(ns: argparse.Namespace) -> int:
         import readline  # noqa: F401  (gives input() line editing and history)
     run_chat(llm, sampling_params, input, sys.stdout, system=ns.system)
     return 0
+
+
+def _cmd_serve(ns: argparse.Namespace) -> int:
+    from axon.server.serve import run_serve
+
+    return run_serve(ns)
 
 
 def _version() -> str:

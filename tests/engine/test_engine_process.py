@@ -38,8 +38,12 @@ async def _collect(client: EngineClient, request_id: str, prompt: list[int], par
 def test_generation_matches_the_in_process_engine(tiny):
     prompts = random_prompts((5, 17, 33), seed=3)
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True)
-    expected = [o.outputs[0].token_ids for o in LLM(str(tiny.path), **ENGINE_ARGS).generate(
-        [{"prompt_token_ids": p} for p in prompts], params)]
+    expected = [
+        o.outputs[0].token_ids
+        for o in LLM(str(tiny.path), **ENGINE_ARGS).generate(
+            [{"prompt_token_ids": p} for p in prompts], params
+        )
+    ]
 
     async def main():
         client = await EngineClient.start(EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS))

@@ -40,8 +40,9 @@ def test_seeded_sampling_is_independent_of_the_batch(llm):
     params = SamplingParams(temperature=1.0, top_k=50, seed=1234, max_tokens=16, ignore_eos=True)
     alone = llm.generate([ids(prompt)], params)[0].outputs[0].token_ids
     noise = SamplingParams(temperature=1.3, max_tokens=20, ignore_eos=True)
-    mixed = llm.generate([ids(others[0]), ids(prompt), ids(others[1]), ids(others[2])],
-                         [noise, params, noise, noise])
+    mixed = llm.generate(
+        [ids(others[0]), ids(prompt), ids(others[1]), ids(others[2])], [noise, params, noise, noise]
+    )
     assert mixed[1].outputs[0].token_ids == alone
     other_seed = SamplingParams(temperature=1.0, top_k=50, seed=99, max_tokens=16, ignore_eos=True)
     assert llm.generate([ids(prompt)], other_seed)[0].outputs[0].token_ids != alone
@@ -83,8 +84,9 @@ def test_stop_string_trims_the_text_and_frees_the_sequence(llm):
     assert stopped.text == full.text[:cut]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
     assert len(stopped.token_ids) < len(full.token_ids)
-    kept = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop],
-                          include_stop_str_in_output=True)
+    kept = SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, stop=[stop], include_stop_str_in_output=True
+    )
     assert llm.generate([ids(prompt)], kept)[0].outputs[0].text == full.text[: cut + len(stop)]
     assert llm.get_stats()["num_free_blocks"] == llm.get_stats()["num_blocks"]
 
@@ -113,3 +115,13 @@ def test_bad_prompts_raise_value_error(llm, bad):
 def test_unknown_engine_argument_is_a_value_error(tiny):
     with pytest.raises(ValueError, match="gpu_memory_utilisation"):
         LLM(str(tiny.path), gpu_memory_utilisation=0.5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_dtypes_run_close_to_float32(tiny, llm, dtype):
+    prompts = random_prompts((6, 19), seed=8)
+    half = LLM(str(tiny.path), **{**ENGINE_ARGS, "dtype": dtype})
+    assert half.engine.runner.kv_cache.dtype == getattr(torch, dtype)
+    for ref, got in zip(llm.compute_logits(prompts), half.compute_logits(prompts)):
+        assert got.dtype == torch.float32
+        assert (ref - got).abs().max().item() < 0.1 * ref.abs().max().item()

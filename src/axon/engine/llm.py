@@ -24,8 +24,11 @@ def load_tokenizer(path: str):
     """The model's HF tokenizer, or None when the directory has none (token-id prompts only)."""
     from transformers import AutoTokenizer
 
+    from axon.loader import is_gguf
+    from axon.loader.gguf_tokenizer import load_gguf_tokenizer
+
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return load_gguf_tokenizer(path) if is_gguf(path) else AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
         logger.warning("no tokenizer loaded from %s (%s); only token-id prompts work", path, exc)
         return None

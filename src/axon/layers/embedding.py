@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from axon.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
+from axon.layers.quantized import QuantizedEmbedding, QuantizedMatmul, QuantizedTensor
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -19,8 +20,12 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start = self.tp_rank * self.shard_size
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        self.quantized: QuantizedEmbedding | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if isinstance(loaded, QuantizedTensor):
+            self._load_quantized(param, loaded)
+            return
         if loaded.shape[0] != self.vocab_size or loaded.shape[1] != param.shape[1]:
             raise ValueError(
                 f"embedding shape mismatch: expected ({self.vocab_size}, {param.shape[1]}), "
@@ -30,7 +35,21 @@ class VocabParallelEmbedding(nn.Module):
         param.data.zero_()
         param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
 
+    def _load_quantized(self, param: nn.Parameter, qt: QuantizedTensor) -> None:
+        """Keep a GGUF embedding quantized; the dense weight is dropped."""
+        if self.tp_size != 1:
+            raise ValueError("quantized (GGUF) weights need tensor-parallel size 1")
+        if tuple(qt.shape) != (self.vocab_size, param.shape[1]):
+            raise ValueError(
+                f"embedding shape mismatch: expected ({self.vocab_size}, {param.shape[1]}), "
+                f"checkpoint {tuple(qt.shape)} ({qt.type_name})"
+            )
+        self.quantized = QuantizedEmbedding(qt)
+        param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return self.quantized.lookup(input_ids, self.weight.dtype)  # [T, hidden]
         if self.tp_size == 1:
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.vocab_start
@@ -43,7 +62,28 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to logits; shares the embedding's weight when tied."""
 
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__(vocab_size, hidden_size)
+        self.head: QuantizedMatmul | None = None  # an untied GGUF `output.weight`
+        self._tied: tuple[VocabParallelEmbedding, ...] = ()  # a tuple: not a submodule
+
+    def tie_to(self, embedding: VocabParallelEmbedding) -> None:
+        self.weight = embedding.weight
+        self._tied = (embedding,)
+
+    def _load_quantized(self, param: nn.Parameter, qt: QuantizedTensor) -> None:
+        super()._load_quantized(param, qt)
+        self.head, self.quantized = QuantizedMatmul(qt), None  # an untied head only multiplies
+
+    def _quantized_matmul(self) -> QuantizedMatmul | None:
+        if self._tied and self._tied[0].quantized is not None:
+            return self._tied[0].quantized.build_matmul()
+        return self.head
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        matmul = self._quantized_matmul()
+        if matmul is not None:
+            return matmul(hidden)[:, : self.vocab_size]  # [B, V]
         logits = F.linear(hidden, self.weight)  # [B, V / tp]
         if self.tp_size > 1:
             logits = tp_all_gather(logits, dim=-1)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from axon.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
+from axon.layers.quantized import QuantizedParts, QuantizedTensor
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -34,19 +35,55 @@ class LinearBase(nn.Module):
         self.tp_rank = get_tp_rank()
         self.tp_size = get_tp_size()
         self.tp_dim = tp_dim
+        self.input_size, self.output_size = input_size, output_size  # this rank's
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self._load
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
+            self.bias.weight_loader = self._load
         else:
             self.register_parameter("bias", None)
+        self.quantized: QuantizedParts | None = None
+
+    def _load(self, param: nn.Parameter, loaded, *shard_id) -> None:
+        if isinstance(loaded, QuantizedTensor):
+            self._load_quantized(param, loaded, shard_id[0] if shard_id else None)
+        else:
+            self.weight_loader(param, loaded, *shard_id)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         default_weight_loader(param, loaded)
 
+    def part_rows(self, shard_id) -> int:
+        """Output rows of one checkpoint part (the whole layer when unfused)."""
+        return self.output_size
+
+    def part_order(self) -> list[str]:
+        return ["None"]
+
+    def _load_quantized(self, param: nn.Parameter, qt: QuantizedTensor, shard_id) -> None:
+        """Keep a GGUF weight (or one fused part of it) quantized; the dense one is dropped."""
+        if self.tp_size != 1:
+            raise ValueError("quantized (GGUF) weights need tensor-parallel size 1")
+        expected = (self.part_rows(shard_id), self.input_size)
+        if param is not self.weight or tuple(qt.shape) != expected:
+            raise ValueError(
+                f"shape mismatch: parameter part {expected}, checkpoint {tuple(qt.shape)} "
+                f"({qt.type_name})"
+            )
+        if self.quantized is None:
+            self.quantized = QuantizedParts(self.part_order())
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+        self.quantized.add(str(shard_id), qt)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.quantized is None:
+            return F.linear(x, self.weight, bias)
+        out = self.quantized(x)  # [T, out]
+        return out if bias is None else out + bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._matmul(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -78,6 +115,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         shard = loaded.narrow(0, self.tp_rank * size, size)
         default_weight_loader(param.data.narrow(0, offset, size), shard)
 
+    def part_rows(self, shard_id) -> int:
+        return self.output_sizes[shard_id]
+
+    def part_order(self) -> list[str]:
+        return [str(i) for i in range(len(self.output_sizes))]
+
 
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections fused; heads split across ranks (kv heads replicated if fewer)."""
@@ -103,6 +146,13 @@ class QKVParallelLinear(ColumnParallelLinear):
         shard = loaded.narrow(0, rank * size, size)
         default_weight_loader(param.data.narrow(0, offset, size), shard)
 
+    def part_rows(self, shard_id) -> int:
+        heads = self.num_heads if shard_id == "q" else self.num_kv_heads
+        return heads * self.head_dim
+
+    def part_order(self) -> list[str]:
+        return ["q", "k", "v"]
+
 
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial outputs summed, bias added on rank 0 only."""
@@ -119,4 +169,4 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None
-        return tp_all_reduce(F.linear(x, self.weight, bias))
+        return tp_all_reduce(self._matmul(x, bias))

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from axon.layers.linear import default_weight_loader
+from axon.layers.quantized import QuantizedTensor
 
 # Checkpoint entries that carry no weights of the text model.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -30,7 +31,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             unexpected.append(name)
             continue
         loader = getattr(param, "weight_loader", None)
-        tensor = tensor.to(param.dtype)
+        if not isinstance(tensor, QuantizedTensor):  # those stay in their GGML form
+            tensor = tensor.to(param.dtype)
         if shard_id is None:
             (loader or default_weight_loader)(param, tensor)
         else:

@@ -139,7 +139,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = self.model_cls(config, self.layer_cls)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tie_to(self.model.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)

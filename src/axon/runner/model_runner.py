@@ -6,13 +6,12 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoConfig
 
 from axon.config import EngineConfig
 from axon.engine.scheduler import SchedulerOutput
 from axon.layers.attention import Attention
 from axon.layers.forward_context import AttentionMetadata, PrefillChunk, set_forward_context
-from axon.loader.safetensors import iterate_safetensors
+from axon.loader import iterate_weights, load_hf_config
 from axon.loader.weights import load_weights
 from axon.models.registry import get_model_class
 from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
@@ -29,10 +28,6 @@ class StepBatch:
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [B] rows of the flat batch whose next token is sampled
     sampling_seqs: list[Sequence]
-
-
-def load_hf_config(model_dir: str):
-    return AutoConfig.from_pretrained(model_dir)
 
 
 class ModelRunner:
@@ -56,7 +51,7 @@ class ModelRunner:
                 model = model_cls(self.hf_config)
         finally:
             torch.set_default_dtype(torch.float32)
-        load_weights(model, iterate_safetensors(self.config.model))
+        load_weights(model, iterate_weights(self.config.model))
         return model.eval()
 
     def _attention_layers(self) -> list[Attention]:

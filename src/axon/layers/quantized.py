@@ -1,0 +1,127 @@
+"""GGUF weights kept in their quantized form: the holder, the matmul methods, the embedding.
+
+`QuantizedTensor` is what the GGUF loader yields for a weight that stays quantized. A layer that
+receives one builds a `QuantizedMatmul`, which picks the kernel for the format:
+
+- int4:    Q4_0 Q4_1 Q4_K (exact), Q8_0 Q5_0 Q5_1 Q5_K Q6_K (split into two int4 pieces), through
+           torch's int4 weight-only kernel with bf16 activations (see kernels/ggml_int4.py);
+- dense:   F16 / BF16 kept in their own dtype, activations cast to it;
+- dequant: any other supported format (Q2_K, Q3_K), dequantized on every call: correct, slow.
+
+Every path has the same reference twin: `F.linear(x, qt.dequantize())`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from torch import nn
+
+from axon.kernels.ggml_dequant import dequantize_rows_ref
+from axon.kernels.ggml_int4 import INT4_TYPES, Int4Weight, int4_matmul, repack_int4
+
+T = GGMLQuantizationType
+_DENSE_DTYPES = {T.F16: torch.float16, T.BF16: torch.bfloat16}
+
+
+@dataclass
+class QuantizedTensor:
+    """A GGML tensor as stored: raw blocks and the logical (HF) shape."""
+
+    ggml_type: int
+    data: torch.Tensor  # [rows, row_bytes] uint8
+    shape: tuple[int, int]  # [rows, cols], HF order (out_features, in_features)
+
+    @property
+    def type_name(self) -> str:
+        return GGMLQuantizationType(self.ggml_type).name
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole tensor, float32 [rows, cols]."""
+        return dequantize_rows_ref(self.data, self.ggml_type, self.shape[1])
+
+    def dequantize_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` [n] as float32 [n, cols] (an embedding lookup)."""
+        return dequantize_rows_ref(self.data[index], self.ggml_type, self.shape[1])
+
+
+def matmul_ref(x: torch.Tensor, qt: QuantizedTensor) -> torch.Tensor:
+    """The reference twin of every QuantizedMatmul path: x [T, K] -> [T, N] in x's dtype."""
+    return F.linear(x.float(), qt.dequantize()).to(x.dtype)
+
+
+class QuantizedMatmul(nn.Module):
+    """y = x @ W.T for one GGUF weight W [N, K], on the fastest exact-enough kernel."""
+
+    def __init__(self, qt: QuantizedTensor):
+        super().__init__()
+        self.ggml_type = qt.ggml_type
+        self.out_features, self.in_features = qt.shape
+        if qt.ggml_type in INT4_TYPES:
+            self.kind = "int4"
+            weight = repack_int4(qt.data, qt.ggml_type, self.out_features)
+            self.register_buffer("packed", weight.packed)
+            self.register_buffer("scales_and_zeros", weight.scales_and_zeros)
+            self._layout = (weight.piece_width, weight.multipliers)
+        elif qt.ggml_type in _DENSE_DTYPES:
+            self.kind = "dense"
+            self.register_buffer("weight", qt.dequantize().to(_DENSE_DTYPES[qt.ggml_type]))
+        else:
+            self.kind = "dequant"
+            self.register_buffer("raw", qt.data)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "int4":
+            weight = Int4Weight(self.packed, self.scales_and_zeros, *self._layout)
+            return int4_matmul(x, weight)  # [T, N]
+        if self.kind == "dense":
+            return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        w = dequantize_rows_ref(self.raw, self.ggml_type, self.in_features)
+        return F.linear(x, w.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        name = GGMLQuantizationType(self.ggml_type).name
+        return f"{name}, {self.kind}, out={self.out_features}, in={self.in_features}"
+
+
+class QuantizedParts(nn.Module):
+    """The quantized parts of one (possibly fused) linear layer, run as separate matmuls and
+    concatenated in `order` (e.g. q, k, v)."""
+
+    def __init__(self, order: list[str]):
+        super().__init__()
+        self.order = order
+        self.parts = nn.ModuleDict()
+
+    def add(self, key: str, qt: QuantizedTensor) -> None:
+        self.parts[key] = QuantizedMatmul(qt)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        missing = [key for key in self.order if key not in self.parts]
+        if missing:
+            raise ValueError(f"quantized layer is missing parts {missing}")
+        outs = [self.parts[key](x) for key in self.order]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # [T, sum(N)]
+
+
+class QuantizedEmbedding(nn.Module):
+    """A token embedding kept in GGML form: lookups dequantize only the rows they read; the
+    matmul (a tied LM head) is built on first use."""
+
+    def __init__(self, qt: QuantizedTensor):
+        super().__init__()
+        self.ggml_type, self.shape = qt.ggml_type, qt.shape
+        self.register_buffer("raw", qt.data)
+        self.matmul: QuantizedMatmul | None = None
+
+    def lookup(self, input_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        qt = QuantizedTensor(self.ggml_type, self.raw, self.shape)
+        return qt.dequantize_rows(input_ids).to(dtype)  # [T, hidden]
+
+    def build_matmul(self) -> QuantizedMatmul:
+        if self.matmul is None:
+            self.matmul = QuantizedMatmul(QuantizedTensor(self.ggml_type, self.raw, self.shape))
+        return self.matmul

@@ -1,0 +1,93 @@
+"""A transformers config built from a GGUF file's metadata."""
+
+from __future__ import annotations
+
+from gguf import GGUFReader
+from transformers import AutoConfig, PretrainedConfig
+
+from axon.loader.gguf import _MODEL_TYPES, architecture, field_value
+
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: five sliding layers, then one global
+GEMMA3_SWA_ROPE_BASE = 10_000.0
+
+
+def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
+    """The HF config (model_type one of llama, qwen2, qwen3, gemma3_text) of a GGUF file."""
+    arch = architecture(reader)
+
+    def get(key: str, default=None):
+        return field_value(reader, f"{arch}.{key}", default)
+
+    heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    names = {t.name for t in reader.tensors}
+    kwargs = dict(
+        num_hidden_layers=int(get("block_count")),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=int(get("attention.key_length", hidden // heads)),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        max_position_embeddings=int(get("context_length", 4096)),
+        vocab_size=len(field_value(reader, "tokenizer.ggml.tokens")),
+        tie_word_embeddings="output.weight" not in names,
+        rope_parameters=_rope_parameters(reader, arch),
+        **_special_ids(reader),
+    )
+    if arch == "llama":
+        kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
+    if arch == "gemma3":
+        kwargs.update(_gemma3_kwargs(reader, kwargs))
+    return AutoConfig.for_model(_MODEL_TYPES[arch], **kwargs)
+
+
+def _rope_parameters(reader: GGUFReader, arch: str) -> dict:
+    theta = float(field_value(reader, f"{arch}.rope.freq_base", 10_000.0))
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise ValueError("GGUF rope_freqs (llama3-style rope scaling) is not supported yet")
+    scaling = field_value(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling in ("none", None):
+        return {"rope_type": "default", "rope_theta": theta}
+    if scaling == "linear":
+        factor = float(field_value(reader, f"{arch}.rope.scaling.factor"))
+        return {"rope_type": "linear", "rope_theta": theta, "factor": factor}
+    raise ValueError(f"unsupported GGUF rope scaling type {scaling!r}; supported: none, linear")
+
+
+def _special_ids(reader: GGUFReader) -> dict:
+    ids = {}
+    for key, name in (
+        ("bos", "bos_token_id"),
+        ("eos", "eos_token_id"),
+        ("padding", "pad_token_id"),
+    ):
+        value = field_value(reader, f"tokenizer.ggml.{key}_token_id")
+        if value is not None:
+            ids[name] = int(value)
+    return ids
+
+
+def _gemma3_kwargs(reader: GGUFReader, kwargs: dict) -> dict:
+    num_layers, head_dim = kwargs["num_hidden_layers"], kwargs["head_dim"]
+    window = field_value(reader, "gemma3.attention.sliding_window")
+    out: dict = {"query_pre_attn_scalar": head_dim, "sliding_window": window}
+    if num_layers == 62:  # llama.cpp: Gemma3 27B scales by hidden / heads, not head_dim
+        out["query_pre_attn_scalar"] = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+    cap = field_value(reader, "gemma3.final_logit_softcapping")
+    out["final_logit_softcapping"] = None if cap is None else float(cap)
+    if not window:
+        out["layer_types"] = ["full_attention"] * num_layers
+        return out
+    pattern = field_value(reader, "gemma3.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
+    if isinstance(pattern, list):
+        sliding = [bool(v) for v in pattern]
+    else:
+        sliding = [(i % int(pattern)) < int(pattern) - 1 for i in range(num_layers)]
+    out["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
+    local = float(field_value(reader, "gemma3.rope.freq_base_swa", GEMMA3_SWA_ROPE_BASE))
+    out["rope_parameters"] = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": local},
+        "full_attention": kwargs["rope_parameters"],
+    }
+    return out

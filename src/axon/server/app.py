@@ -1,0 +1,121 @@
+"""The FastAPI app: the OpenAI routes, the node API and /metrics, and one error envelope for all
+of them: `{"error": {"message", "type", "code", "param"}}`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from axon.server import openai_chat, openai_completions, responses
+from axon.server.errors import AxonHTTPError
+from axon.server.openai_completions import ClientDisconnected, served_model
+from axon.server.protocol import param_of
+
+logger = logging.getLogger(__name__)
+models_router = APIRouter()
+_STATUS_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
+
+
+def _optional(module: str, attribute: str):
+    """`module.attribute` when that module exists (another part of the server may not yet)."""
+    if importlib.util.find_spec(module) is None:
+        return None
+    return getattr(importlib.import_module(module), attribute, None)
+
+
+def model_card(model) -> dict:
+    return {
+        "id": model.id,
+        "object": "model",
+        "created": model.created,
+        "owned_by": "axon",
+        "root": getattr(model, "model_path", model.id),
+        "max_model_len": model.max_model_len,
+    }
+
+
+@models_router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    models = request.app.state.axon.registry.list_models()
+    return {"object": "list", "data": [model_card(model) for model in models]}
+
+
+@models_router.get("/v1/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str) -> dict:
+    return model_card(served_model(request, model_id))
+
+
+def _envelope(status: int, message: str, error_type: str, code, param=None, headers=None):
+    body = {"error": {"message": message, "type": error_type, "code": code, "param": param}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _axon_error(request: Request, exc: AxonHTTPError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers or None)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    loc = tuple(errors[0].get("loc", ())) if errors else ()
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        loc = loc[1:]
+    param = param_of(loc)
+    message = errors[0].get("msg", "invalid request") if errors else "invalid request"
+    return _envelope(
+        400, f"{param}: {message}" if param else message, "invalid_request_error", None, param
+    )
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = _STATUS_CODES.get(exc.status_code, "http_error")
+    error_type = "invalid_request_error" if exc.status_code < 500 else "internal_error"
+    return _envelope(
+        exc.status_code, str(exc.detail), error_type, code, headers=getattr(exc, "headers", None)
+    )
+
+
+async def _disconnected(request: Request, exc: ClientDisconnected) -> Response:
+    return Response(status_code=499)  # nobody reads it: the client is gone
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return _envelope(
+        500, f"internal error: {type(exc).__name__}", "internal_error", "internal_error"
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(AxonHTTPError, _axon_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnected, _disconnected)
+    app.add_exception_handler(Exception, _unexpected)
+
+
+def create_app(state, lifespan=None) -> FastAPI:
+    """The HTTP app over `state` (an AppState: config and model registry), which every route
+    reads as `request.app.state.axon`."""
+    app = FastAPI(title="axon", lifespan=lifespan)
+    app.state.axon = state
+    install_error_handlers(app)
+    require_api_key = _optional("axon.server.auth", "require_api_key")
+    v1 = [Depends(require_api_key)] if require_api_key is not None else []
+    for router in (
+        models_router,
+        openai_chat.router,
+        openai_completions.router,
+        responses.router,
+    ):
+        app.include_router(router, dependencies=v1)
+    for module in ("axon.server.node_api", "axon.server.metrics"):
+        router = _optional(module, "router")
+        if router is not None:
+            app.include_router(router)
+    return app

@@ -1,0 +1,182 @@
+"""`axon serve` configuration: defaults, then `axon.toml`, then `AXON_*` environment variables
+(`__` nests: `AXON_ENGINE__MAX_NUM_SEQS=8`), then command-line flags.
+
+The default port is 8000, vLLM's, so that OpenAI clients and scripts written for vLLM find axon
+where they expect a server (neuron's 13131 is one `--port` away).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from axon.server.node_protocol import EngineArgs, ModelSpec
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "AXON_"
+DEFAULT_CONFIG_FILE = "axon.toml"
+HUGGINGFACE = "huggingface"
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """One model registry (`[sources.<scheme>]`): an HF-compatible endpoint, the env var that
+    holds its bearer token, and its own cache dir. None means the huggingface_hub default."""
+
+    endpoint: str | None = None
+    auth_env: str | None = None
+    cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    default_models: tuple[ModelSpec, ...] = ()
+    engine: EngineArgs = field(default_factory=EngineArgs)  # defaults for every model
+    max_waiting_requests: int = 256  # per model, beyond the running batch: then 429
+    max_waiting_tokens: int = 1 << 20  # per model, prompt tokens waiting for a first token
+    shutdown_grace_s: float = 20.0
+    default_source: str = HUGGINGFACE
+    sources: Mapping[str, SourceConfig] = field(default_factory=dict)
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, why: str) -> None:
+            if not ok:
+                raise ValueError(f"config: {name} {why}, got {getattr(self, name)!r}")
+
+        check(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
+        check(self.api_key is None or len(self.api_key) > 0, "api_key", "must not be empty")
+        check(self.max_waiting_requests >= 0, "max_waiting_requests", "must be >= 0")
+        check(self.max_waiting_tokens >= 1, "max_waiting_tokens", "must be >= 1")
+        check(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
+        check(bool(self.default_source), "default_source", "must not be empty")
+
+    def engine_args(self, spec: ModelSpec) -> dict[str, Any]:
+        """The engine arguments for `spec`: the server's defaults, overridden by the spec's own."""
+        return {**self.engine.engine_args(), **spec.engine_args()}
+
+    def with_overrides(self, **overrides: Any) -> ServerConfig:
+        """A copy with the given fields replaced; None values are ignored (an unset flag)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def parse_env_value(text: str) -> Any:
+    """An environment value as TOML reads it (`8`, `true`, `[1, 2]`, `{a = 1}`), else the text."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def env_overrides(environ: Mapping[str, str], known: set[str]) -> dict[str, Any]:
+    """The nested mapping that `AXON_*` variables spell, for the top-level keys in `known`.
+
+    Other `AXON_*` variables (debug hooks of other layers, AXON_CONFIG) are left alone.
+    """
+    tree: dict[str, Any] = {}
+    for name, text in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        if path[0] not in known or not all(path):
+            continue
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{name}: {part!r} is set both as a value and as a table")
+        node[path[-1]] = parse_env_value(text)
+    return tree
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over` laid on top; tables merge key by key, anything else is replaced."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+_STR_FIELDS = {"host", "api_key", "default_source", "log_level"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """A TOML/env value in the field's type; sections become their typed objects."""
+    if name == "default_models":
+        items = [value] if isinstance(value, Mapping) else value
+        if not isinstance(items, list):
+            raise ValueError(f"config: default_models must be a list of tables, got {value!r}")
+        return tuple(ModelSpec.model_validate(item) for item in items)
+    if name == "engine":
+        return EngineArgs.model_validate(value)
+    if name == "sources":
+        return {scheme: _source(scheme, table) for scheme, table in value.items()}
+    if name in _STR_FIELDS:
+        return str(value)
+    if name == "shutdown_grace_s":
+        return float(value)
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    if name in ("port", "max_waiting_requests", "max_waiting_tokens") and not integer:
+        raise ValueError(f"config: {name} must be an integer, got {value!r}")
+    return value
+
+
+def _source(scheme: str, table: Any) -> SourceConfig:
+    known = {f.name for f in fields(SourceConfig)}
+    if not isinstance(table, Mapping) or set(table) - known:
+        raise ValueError(f"config: [sources.{scheme}] takes only {sorted(known)}, got {table!r}")
+    return SourceConfig(**{k: str(v) for k, v in table.items()})
+
+
+def config_from_mapping(data: Mapping[str, Any]) -> ServerConfig:
+    """A ServerConfig from a TOML-shaped mapping; an unknown key or a bad value is a ValueError."""
+    known = {f.name for f in fields(ServerConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"config: unknown keys {unknown}; known: {sorted(known)}")
+    try:
+        return ServerConfig(**{name: _coerce(name, value) for name, value in data.items()})
+    except ValidationError as exc:
+        raise ValueError(f"config: {exc}") from None
+
+
+def load_config(
+    path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None
+) -> ServerConfig:
+    """The server config from the TOML file at `path` (else $AXON_CONFIG, else ./axon.toml when
+    it exists) with `AXON_*` overrides from `environ` (default: the process environment)."""
+    environ = os.environ if environ is None else environ
+    data = _read_toml(path or environ.get(f"{ENV_PREFIX}CONFIG"))
+    known = {f.name for f in fields(ServerConfig)}
+    return config_from_mapping(deep_merge(data, env_overrides(environ, known)))
+
+
+def _read_toml(path: str | os.PathLike | None) -> dict[str, Any]:
+    if path is None:
+        if not Path(DEFAULT_CONFIG_FILE).is_file():
+            return {}
+        path = DEFAULT_CONFIG_FILE
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"config file {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {str(path)!r}: {exc}") from None
+    logger.info("config read from %s", path)
+    return data

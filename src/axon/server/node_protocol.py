@@ -1,0 +1,93 @@
+"""Bodies of the node-management API (neuron's shapes): the ModelSpec that `POST /models/load`
+and `default_models` carry, and what `GET /models` returns."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from axon.server.errors import BadRequest
+
+HARNESS = "axon"
+ModelStatus = Literal["loading", "loaded", "poisoned", "recovering"]
+DTYPES = ("auto", "float32", "fp32", "float", "bfloat16", "bf16", "float16", "fp16", "half")
+
+
+def _parse_size(value: Any) -> Any:
+    if isinstance(value, str):
+        from axon.cli import parse_size  # the CLI's size grammar: 512M, 2G, 1.5GiB
+
+        return parse_size(value)
+    return value
+
+
+class EngineArgs(BaseModel):
+    """Engine arguments under vLLM's names; None leaves the engine's (or the server's) default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
+    max_model_len: int | None = Field(None, ge=2)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    block_size: int | None = Field(None, ge=1)
+    kv_cache_memory: int | None = Field(None, gt=0, description="bytes, or a size: 512M, 2G")
+    enable_prefix_caching: bool | None = None
+
+    _check_size = field_validator("kv_cache_memory", mode="before")(_parse_size)
+
+    def engine_args(self) -> dict[str, Any]:
+        """The engine arguments this object sets (the None ones left out)."""
+        values = {name: getattr(self, name) for name in EngineArgs.model_fields}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+class ModelSpec(EngineArgs):
+    """What to load: neuron's ModelSpec plus axon's engine arguments."""
+
+    model_id: str = Field(min_length=1, description="local path, or [scheme:]org/name[@revision]")
+    harness: str | None = None
+    quant: str | None = None
+    revision: str | None = None
+    tensor_parallel: int | None = Field(None, ge=1)
+    devices: list[int] | None = None
+    served_model_name: str | None = Field(None, min_length=1)
+
+    @property
+    def served_id(self) -> str:
+        """The id the model is served (and unloaded) under."""
+        return self.served_model_name or self.model_id
+
+    def check_harness(self) -> None:
+        """Raises BadRequest unless the harness is axon's (or unset)."""
+        if self.harness not in (None, HARNESS):
+            raise BadRequest(
+                f"unknown harness {self.harness!r}: this node runs {HARNESS!r}", param="harness"
+            )
+
+
+class UnloadRequest(BaseModel):
+    model_id: str = Field(min_length=1)
+
+
+class MemoryInfo(BaseModel):
+    used_bytes: int
+    free_bytes: int
+    total_bytes: int
+
+
+class ModelInfo(BaseModel):
+    """One element of `GET /models`."""
+
+    id: str
+    model_id: str  # the source it was loaded from (equal to `id` unless served_model_name is set)
+    harness: str = HARNESS
+    status: ModelStatus
+    devices: list[int] = []
+    memory: MemoryInfo | None = None
+    vram_used_mb: int | None = None
+    capabilities: list[str] = []
+    max_model_len: int | None = None
+    created: int | None = None
+    error: str | None = None  # why the last recovery failed, while one is being retried

@@ -1,0 +1,146 @@
+"""`POST /v1/chat/completions`: the chat template renders the messages, the engine generates, and
+the answer goes back whole or as SSE chunks (role, one per token, finish, usage, `[DONE]`)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+
+from axon.engine.output_processor import RequestState
+from axon.server.openai_completions import (
+    EventStream,
+    Generation,
+    or_disconnect,
+    served_model,
+)
+from axon.server.protocol import (
+    ChatCompletionRequest,
+    SampleCursor,
+    chat_logprobs,
+    error_event,
+    finish_reason,
+    now,
+    parse_request,
+    random_id,
+    sse,
+    usage,
+)
+from axon.server.sampling import build_sampling_params
+
+router = APIRouter()
+
+
+class _ChatContext:
+    """One chat request's constants and the builders of its choices and chunks."""
+
+    def __init__(self, body: ChatCompletionRequest, model, params):
+        self.body, self.model, self.params = body, model, params
+        self.id, self.created = random_id("chatcmpl-"), now()
+
+    def decode(self, token_id: int) -> str:
+        tokenizer = self.model.tokenizer
+        return tokenizer.decode([token_id]) if tokenizer is not None else str(token_id)
+
+    def logprobs(self, sample, positions: range) -> dict | None:
+        if self.params.logprobs is None or sample.logprobs is None or not positions:
+            return None
+        ids = sample.token_ids[positions.start : positions.stop]
+        entries = sample.logprobs[positions.start : positions.stop]
+        return chat_logprobs(ids, entries, self.params.logprobs, self.decode)
+
+    def chunk(self, index: int, delta: dict, logprobs=None, finish: str | None = None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return sse(self._envelope("chat.completion.chunk", [choice]))
+
+    def _envelope(self, kind: str, choices: list[dict], **extra) -> dict:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model.id,
+            "choices": choices,
+            **extra,
+        }
+
+    def usage(self, state: RequestState) -> dict:
+        generated = sum(len(sample.token_ids) for sample in state.samples)
+        cached = state.samples[0].num_cached_tokens
+        return usage(len(state.prompt_token_ids), generated, cached)
+
+    def usage_chunk(self, state: RequestState) -> str:
+        return sse(self._envelope("chat.completion.chunk", [], usage=self.usage(state)))
+
+    def response(self, state: RequestState) -> dict:
+        choices = [
+            {
+                "index": sample.index,
+                "message": {"role": "assistant", "content": sample.text},
+                "logprobs": self.logprobs(sample, range(len(sample.token_ids))),
+                "finish_reason": finish_reason(sample.finish_reason),
+                "stop_reason": sample.stop_reason,
+            }
+            for sample in state.samples
+        ]
+        return self._envelope("chat.completion", choices, usage=self.usage(state))
+
+
+def _sample_chunks(context: _ChatContext, sample, cursor: SampleCursor):
+    """The chunks one sample's progress since the last state makes: content, then its end."""
+    step = cursor.advance(sample)
+    if step is None:
+        return
+    text, positions = step
+    logprobs = context.logprobs(sample, positions)
+    if text or logprobs:
+        yield context.chunk(sample.index, {"content": text}, logprobs)
+    if cursor.done:
+        yield context.chunk(sample.index, {}, finish=finish_reason(sample.finish_reason))
+
+
+async def _chat_stream(generation: Generation, context: _ChatContext):
+    cursors = [SampleCursor() for _ in range(context.params.n)]
+    state = generation.state
+    try:
+        for index in range(context.params.n):
+            yield context.chunk(index, {"role": "assistant", "content": ""})
+        async for state in generation:
+            for sample, cursor in zip(state.samples, cursors):
+                for chunk in _sample_chunks(context, sample, cursor):
+                    yield chunk
+    except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
+        yield error_event(exc)
+    else:
+        if context.body.include_usage:
+            yield context.usage_chunk(state)
+    finally:
+        await generation.aclose()
+    yield sse("[DONE]")
+
+
+def chat_prompt(model, body: ChatCompletionRequest) -> tuple[str, list[int]]:
+    """The rendered prompt and its token ids (the template adds the special tokens itself)."""
+    messages = [message.template_dict() for message in body.messages]
+    text = model.render_chat(
+        messages, body.tools, body.chat_template_kwargs, body.add_generation_prompt
+    )
+    return text, model.encode(text, add_special_tokens=False)
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request):
+    started_at = time.monotonic()
+    body = parse_request(await request.body(), ChatCompletionRequest)
+    model = served_model(request, body.model)
+    text, prompt_ids = chat_prompt(model, body)
+    params = build_sampling_params(
+        body, len(prompt_ids), model.max_model_len, model.generation_defaults
+    )
+    generation = await or_disconnect(
+        request, Generation.start(model, prompt_ids, params, text, started_at)
+    )
+    context = _ChatContext(body, model, params)
+    if body.stream:
+        return EventStream(_chat_stream(generation, context), generation.aclose)
+    state = await or_disconnect(request, generation.collect())
+    return context.response(state)

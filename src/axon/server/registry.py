@@ -1,0 +1,287 @@
+"""The loaded models of this node: load, unload, look-up, and recovery of a faulted engine.
+
+Each model is independent: resolving and downloading run in a thread, each engine is its own
+process, and nothing here holds a lock across an await, so loading or unloading one model never
+stalls another's requests. A model is `loading`, then `loaded`; a faulted engine makes it
+`poisoned`, and recovery (single-flight, from the retained spec and files) `recovering` until a
+fresh engine is up. A failed recovery leaves the model unloaded, as neuron does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from axon.server.config import ServerConfig
+from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound, ModelUnavailable
+from axon.server.node_protocol import HARNESS, ModelInfo, ModelSpec
+from axon.server.sources import resolve_model
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = "5"
+MEMORY_QUERY_TIMEOUT_S = 2.0
+Starter = Callable[..., Awaitable[Any]]  # ServedModel.start's signature
+Resolver = Callable[[ModelSpec, ServerConfig], Path]
+
+
+class Conflict(AxonHTTPError):
+    status_code = 409
+    code = "model_busy"
+
+
+async def _start_served_model(*args, **kwargs):
+    from axon.server.served_model import ServedModel  # the engine stack loads on first use
+
+    return await ServedModel.start(*args, **kwargs)
+
+
+@dataclass
+class _Entry:
+    spec: ModelSpec
+    status: str = "loading"  # loading | loaded | poisoned | recovering
+    model: Any = None  # the ServedModel, once started
+    model_path: Path | None = None
+    task: asyncio.Task | None = None  # the load or the recovery in progress
+    error: str | None = None
+
+
+@dataclass
+class ActivationTracker:
+    """Progress of the startup loads (`/health.activation`); each id is in exactly one bucket."""
+
+    state: str = "pre_warming"  # pre_warming | ready
+    pending: list[str] = field(default_factory=list)
+    in_progress: str | None = None
+    completed: list[str] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)
+
+    def start(self, model_id: str) -> None:
+        if model_id in self.pending:
+            self.pending.remove(model_id)
+        self.in_progress = model_id
+
+    def finish(self, model_id: str, error: str | None = None) -> None:
+        if self.in_progress == model_id:
+            self.in_progress = None
+        if error is None:
+            self.completed.append(model_id)
+        else:
+            self.failed.append({"model_id": model_id, "error": error})
+
+    def snapshot(self) -> dict:
+        return {
+            "state": self.state,
+            "pending": list(self.pending),
+            "in_progress": self.in_progress,
+            "completed": list(self.completed),
+            "failed": [dict(failure) for failure in self.failed],
+        }
+
+
+class ModelRegistry:
+    def __init__(
+        self, config: ServerConfig, starter: Starter | None = None, resolver: Resolver | None = None
+    ):
+        self.config = config
+        self._start = starter or _start_served_model
+        self._resolve = resolver or resolve_model
+        self._entries: dict[str, _Entry] = {}
+        self.closed = False  # set by unload_all: no more loads or new requests
+
+    # ---- load / unload ----------------------------------------------------------------------
+
+    async def load(self, spec: ModelSpec):
+        """Resolves, downloads and starts `spec`; returns the ServedModel once its weights are
+        resident. Raises BadRequest (unknown harness, already loaded, failed load), the
+        preflight 422s, or ModelUnavailable while the server shuts down."""
+        spec.check_harness()
+        if self.closed:
+            raise ModelUnavailable("the server is shutting down")
+        model_id = spec.served_id
+        existing = self._entries.get(model_id)
+        if existing is not None:
+            raise BadRequest(f"model {model_id!r} is already {existing.status}", param="model_id")
+        entry = _Entry(spec)
+        self._entries[model_id] = entry
+        entry.task = asyncio.get_running_loop().create_task(self._load(model_id, entry))
+        entry.task.add_done_callback(_retrieve_exception)
+        # Shielded: a client that hangs up mid-load must not leave half an engine behind.
+        return await asyncio.shield(entry.task)
+
+    async def _load(self, model_id: str, entry: _Entry):
+        try:
+            entry.model_path = await asyncio.to_thread(self._resolve, entry.spec, self.config)
+            model = await self._start_model(model_id, entry)
+        except BaseException:
+            self._drop(model_id, entry)
+            raise
+        finally:
+            entry.task = None
+        entry.model, entry.status = model, "loaded"
+        logger.info("model %s loaded from %s", model_id, entry.model_path)
+        return model
+
+    async def _start_model(self, model_id: str, entry: _Entry):
+        engine_args = self.config.engine_args(entry.spec)
+        path = str(entry.model_path)
+        try:
+            model = await self._start(model_id, path, engine_args, entry.spec, self.config)
+        except AxonHTTPError:
+            raise
+        except Exception as exc:  # neuron: every other load failure is a 400 that says why
+            raise BadRequest(f"loading {model_id!r} failed: {exc}", param="model_id") from exc
+        model.on_poisoned = lambda reason: self._on_poisoned(model_id, model, reason)
+        return model
+
+    def _drop(self, model_id: str, entry: _Entry) -> None:
+        if self._entries.get(model_id) is entry:
+            del self._entries[model_id]
+
+    async def unload(self, model_id: str, grace_s: float | None = None) -> None:
+        """Stops admitting requests to the model, gives its in-flight ones up to `grace_s`
+        (default: the config's shutdown grace), then stops its engine. Raises ModelNotFound,
+        or Conflict while it is still loading."""
+        entry = self._entries.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"model {model_id!r} is not loaded", param="model_id")
+        if entry.status == "loading":
+            raise Conflict(f"model {model_id!r} is still loading; unload it once it is loaded")
+        del self._entries[model_id]  # from here on its new requests get 404
+        grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
+        if entry.model is not None:  # a recovery without one shuts its new engine down itself
+            await entry.model.shutdown(grace_s)
+        logger.info("model %s unloaded", model_id)
+
+    async def unload_all(self, grace_s: float) -> None:
+        """Closes the registry and unloads every model at once, each with up to `grace_s` for its
+        in-flight requests; loads still running get the same time. Failures are logged."""
+        self.closed = True
+        entries = list(self._entries.items())
+        self._entries.clear()
+        results = await asyncio.gather(
+            *(self._shutdown_entry(entry, grace_s) for _, entry in entries), return_exceptions=True
+        )
+        for (model_id, _), result in zip(entries, results):
+            if isinstance(result, BaseException):
+                logger.error("unloading %s failed: %r", model_id, result)
+
+    async def _shutdown_entry(self, entry: _Entry, grace_s: float) -> None:
+        if entry.task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(entry.task), grace_s)
+            except (TimeoutError, asyncio.CancelledError, Exception):
+                entry.task.cancel()
+                return
+        if entry.model is not None:
+            await asyncio.wait_for(entry.model.shutdown(grace_s), grace_s + 30.0)
+
+    # ---- look-up ----------------------------------------------------------------------------
+
+    def get(self, model_id: str):
+        """The ServedModel serving `model_id`. Raises ModelNotFound, or ModelUnavailable (503,
+        Retry-After) while it loads, recovers or is poisoned, or while the server shuts down."""
+        if self.closed:
+            raise ModelUnavailable("the server is shutting down", headers={"Retry-After": "10"})
+        entry = self._entries.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"model {model_id!r} is not loaded on this node", param="model")
+        status = self._status(entry)
+        if status == "loaded":
+            return entry.model
+        if status == "poisoned":
+            self._on_poisoned(model_id, entry.model, "engine fault")
+        raise ModelUnavailable(
+            f"model {model_id!r} is {status}; retry shortly", headers={"Retry-After": RETRY_AFTER_S}
+        )
+
+    def list_models(self) -> list:
+        """The ServedModels ready for requests, in load order."""
+        return [e.model for e in self._entries.values() if self._status(e) == "loaded"]
+
+    def __contains__(self, model_id: str) -> bool:
+        return model_id in self._entries
+
+    def status(self, model_id: str) -> str | None:
+        """The model's status, or None when it is not in the registry."""
+        entry = self._entries.get(model_id)
+        return None if entry is None else self._status(entry)
+
+    @staticmethod
+    def _status(entry: _Entry) -> str:
+        if entry.status == "loaded" and entry.model.status != "loaded":
+            return "poisoned"
+        return entry.status
+
+    async def infos(self) -> list[ModelInfo]:
+        """`GET /models`: every model in the registry, loading and recovering ones included."""
+        entries = list(self._entries.items())
+        return list(await asyncio.gather(*(self._info(mid, e) for mid, e in entries)))
+
+    async def _info(self, model_id: str, entry: _Entry) -> ModelInfo:
+        status, model = self._status(entry), entry.model
+        memory = None
+        if status == "loaded":
+            try:
+                memory = await asyncio.wait_for(model.memory(), MEMORY_QUERY_TIMEOUT_S)
+            except Exception as exc:  # a busy or faulted engine: report no figures, not a 500
+                logger.debug("memory query of %s failed: %r", model_id, exc)
+        total = (memory or {}).get("total_bytes") or 0
+        return ModelInfo(
+            id=model_id,
+            model_id=entry.spec.model_id,
+            harness=HARNESS,
+            status=status,
+            devices=list(getattr(model, "devices", None) or entry.spec.devices or []),
+            memory=memory,
+            vram_used_mb=memory["used_bytes"] // 2**20 if memory and total else None,
+            capabilities=list(getattr(model, "capabilities", None) or []),
+            max_model_len=getattr(model, "max_model_len", None),
+            created=getattr(model, "created", None),
+            error=entry.error,
+        )
+
+    # ---- recovery ---------------------------------------------------------------------------
+
+    def _on_poisoned(self, model_id: str, model, reason: str) -> None:
+        """Starts recovery of the model whose engine `model` faulted; once per fault."""
+        entry = self._entries.get(model_id)
+        if entry is None or entry.model is not model or entry.task is not None or self.closed:
+            return
+        logger.error("model %s poisoned (%s); recovering", model_id, reason)
+        entry.status = "poisoned"
+        entry.task = asyncio.get_running_loop().create_task(self._recover(model_id, entry))
+        entry.task.add_done_callback(_retrieve_exception)
+
+    async def _recover(self, model_id: str, entry: _Entry) -> None:
+        """Kills the faulted engine and starts a fresh one from the retained spec and files."""
+        entry.status = "recovering"
+        old, entry.model = entry.model, None
+        try:
+            await old.shutdown(0.0)  # its requests have already failed
+        except Exception as exc:
+            logger.warning("stopping the faulted engine of %s failed: %r", model_id, exc)
+        try:
+            model = await self._start_model(model_id, entry)
+        except Exception as exc:
+            logger.error("recovery of %s failed; it is unloaded: %s", model_id, exc)
+            self._drop(model_id, entry)
+            return
+        finally:
+            entry.task = None
+        if self._entries.get(model_id) is not entry:  # unloaded while recovering
+            await model.shutdown(0.0)
+            return
+        entry.model, entry.status, entry.error = model, "loaded", None
+        logger.info("model %s recovered", model_id)
+
+
+def _retrieve_exception(task: asyncio.Task) -> None:
+    # The load's caller may have gone; its failure is logged here rather than as an
+    # "exception was never retrieved" warning.
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("background task %s failed: %r", task.get_name(), task.exception())

@@ -1,0 +1,253 @@
+"""`axon serve [MODEL]`: bind the port first, then load the startup models in the background.
+
+Startup follows neuron: config (TOML, then `AXON_*`, then flags), the registry, the activation
+tracker, the HTTP listener bound, and only then the `default_models` (and MODEL), one after
+another, each failure recorded in `/health.activation` and skipped. On SIGTERM or SIGINT the
+server stops admitting requests (503), gives the in-flight ones up to `shutdown_grace_s`, unloads
+every model and exits 0. A second signal exits at once.
+
+Heavy imports (uvicorn, the app, the engine) happen inside the functions, so `axon --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+
+from axon.server.config import ServerConfig, load_config
+from axon.server.node_protocol import EngineArgs, ModelSpec
+from axon.server.registry import ActivationTracker
+
+logger = logging.getLogger("axon.serve")
+
+OPEN_PATHS = ("/health", "/metrics")  # still answered while shutting down
+_ENGINE_FLAGS = tuple(EngineArgs.model_fields)
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    """The `axon serve` flags; `config_from_namespace` reads them."""
+    parser.add_argument("model", nargs="?", help="model to load at startup: path or org/name")
+    parser.add_argument("-c", "--config", help="TOML config file (default: ./axon.toml if any)")
+    parser.add_argument("--host", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("-p", "--port", type=int, help="port to bind (default: 8000; 0: any)")
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or AXON_API_KEY)")
+    parser.add_argument("--served-model-name", help="the id MODEL is served under")
+    parser.add_argument("--quant", help="GGUF file to pick from MODEL's repo, by substring")
+    parser.add_argument("--revision", help="branch, tag or commit of MODEL's repo")
+    parser.add_argument("--tensor-parallel-size", type=int, help="TP ranks for MODEL")
+    parser.add_argument("--shutdown-grace", type=float, help="seconds for in-flight requests")
+    parser.add_argument("--log-level", help="debug, info (default), warning, error")
+    group = parser.add_argument_group("engine defaults (every model; a load spec overrides them)")
+    group.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    group.add_argument("--max-model-len", type=int, help="longest prompt + output")
+    group.add_argument("--max-num-seqs", type=int, help="sequences per engine step")
+    group.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
+    group.add_argument("--block-size", type=int, help="tokens per KV block")
+    group.add_argument("--kv-cache-memory", help="KV cache bytes: 512M, 2G")
+    group.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None
+    )
+
+
+def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
+    """The config file and environment, with the flags that were given laid on top.
+
+    Raises ValueError (with the value named) for bad flags or config.
+    """
+    config = load_config(ns.config, environ)
+    flags = {name: getattr(ns, name, None) for name in _ENGINE_FLAGS}
+    engine = EngineArgs.model_validate({**config.engine.engine_args(), **_set(flags)})
+    models = config.default_models
+    if ns.model:
+        first = ModelSpec(
+            model_id=ns.model,
+            served_model_name=ns.served_model_name,
+            quant=ns.quant,
+            revision=ns.revision,
+            tensor_parallel=ns.tensor_parallel_size,
+        )
+        models = (first, *(spec for spec in models if spec.served_id != first.served_id))
+    return config.with_overrides(
+        host=ns.host,
+        port=ns.port,
+        api_key=ns.api_key,
+        shutdown_grace_s=ns.shutdown_grace,
+        log_level=ns.log_level,
+        engine=engine,
+        default_models=models,
+    )
+
+
+def _set(values: dict) -> dict:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def run_serve(ns: argparse.Namespace) -> int:
+    """`axon serve`: runs until SIGTERM/SIGINT; returns the exit status (0 after a clean stop)."""
+    from pydantic import ValidationError
+
+    try:
+        config = config_from_namespace(ns)
+    except ValidationError as exc:
+        raise ValueError(str(exc)) from None
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return asyncio.run(serve(config, hard_exit=True))
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 picks a free one. Raises OSError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # connections queue from here on, before uvicorn accepts them
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+class AdmissionGate:
+    """ASGI wrapper: once the server is shutting down, new requests get a 503 (Retry-After),
+    except the open paths. Requests already in flight are not touched."""
+
+    def __init__(self, app, state):
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or not self.state.shutting_down or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        from axon.server.errors import ModelUnavailable
+
+        error = ModelUnavailable("the server is shutting down", headers={"Retry-After": "10"})
+        body = json.dumps(error.body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"retry-after", b"10")]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def load_default_models(registry, specs, tracker: ActivationTracker) -> None:
+    """Loads `specs` one after another; a failure is recorded in `tracker` and skipped. Marks
+    the tracker ready at the end."""
+    from axon.server.errors import AxonHTTPError
+
+    for spec in specs:
+        tracker.start(spec.served_id)
+        try:
+            await registry.load(spec)
+        except AxonHTTPError as exc:
+            logger.error("startup load of %s failed: %s", spec.served_id, json.dumps(exc.body()))
+            tracker.finish(spec.served_id, error=exc.message)
+        except Exception as exc:
+            logger.exception("startup load of %s failed", spec.served_id)
+            tracker.finish(spec.served_id, error=f"{type(exc).__name__}: {exc}")
+        else:
+            tracker.finish(spec.served_id)
+    tracker.state = "ready"
+    logger.info("activation ready: %s", json.dumps(tracker.snapshot()))
+
+
+def _make_server(config: ServerConfig, state):
+    import uvicorn
+
+    from axon.server.app import create_app
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # serve() owns SIGTERM/SIGINT: drain models first
+            yield
+
+    app = AdmissionGate(create_app(state), state)
+    uv_config = uvicorn.Config(
+        app,
+        log_level=config.log_level.lower(),
+        timeout_graceful_shutdown=max(1, int(config.shutdown_grace_s)),
+        timeout_keep_alive=5,
+    )
+    return Server(uv_config)
+
+
+async def serve(config: ServerConfig, hard_exit: bool = False) -> int:
+    """Serves until SIGTERM/SIGINT (or until uvicorn stops), then drains and unloads; returns 0.
+
+    `hard_exit` ends the process with os._exit after the drain, as neuron does: a thread still
+    blocked in a download must not keep a stopped server alive.
+    """
+    from axon.server.registry import ModelRegistry
+    from axon.server.state import AppState
+
+    try:
+        sock = bind_socket(config.host, config.port)
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
+    config = config.with_overrides(port=sock.getsockname()[1])
+    tracker = ActivationTracker(
+        state="pre_warming" if config.default_models else "ready",
+        pending=[spec.served_id for spec in config.default_models],
+    )
+    state = AppState(config=config, registry=ModelRegistry(config), activation=tracker)
+    server = _make_server(config, state)
+    stop = asyncio.Event()
+    _install_signal_handlers(stop)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    print(f"axon: listening on http://{host}:{config.port}", file=sys.stderr, flush=True)
+    startup = asyncio.create_task(
+        load_default_models(state.registry, config.default_models, tracker)
+    )
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    await _shutdown(state, server, serving, startup)
+    stopping.cancel()
+    sock.close()
+    if hard_exit:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+def _install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            print("axon: second signal, exiting now", file=sys.stderr, flush=True)
+            os._exit(1)
+        logger.info("%s received: draining", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+
+async def _shutdown(state, server, serving: asyncio.Task, startup: asyncio.Task) -> None:
+    """Stop admitting (503), drain and unload every model, then stop uvicorn."""
+    grace = state.config.shutdown_grace_s
+    state.shutting_down = True
+    startup.cancel()  # the load it awaits is shielded; unload_all waits for it within the grace
+    await state.registry.unload_all(grace)
+    logger.info("all models unloaded")
+    server.should_exit = True
+    try:
+        await asyncio.wait_for(serving, grace + 5.0)
+    except (TimeoutError, asyncio.CancelledError):
+        logger.warning("the HTTP server did not stop in time")
+    except Exception:
+        logger.exception("the HTTP server failed")

@@ -1,0 +1,211 @@
+"""A real `axon serve` on a loopback port, serving a tiny random Qwen3 written here.
+
+The checkpoint has a word-level tokenizer with ChatML's special tokens and a ChatML template, so
+chat requests render and every generated token detokenizes to a word (`w17`). One server runs
+for the whole session; its queue is small enough that the overload test can fill it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+MODEL_ID = "tiny-qwen3"
+MAX_MODEL_LEN = 2048  # room for streams long enough to still run when the test looks
+MAX_NUM_SEQS = 2
+MAX_WAITING_REQUESTS = 1  # so the 4th concurrent request is refused
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+WORDS = ("<unk>", "system", "user", "assistant", "hello", "world", "tell", "me", "a", "story")
+VOCAB_SIZE = 256
+GENERATION_CONFIG = {"bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0, "top_k": 50}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def write_tokenizer(path: Path) -> None:
+    """A word-level tokenizer over specials + a few words + `w<i>` up to VOCAB_SIZE."""
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate((*SPECIALS, *WORDS))}
+    vocab.update({f"w{i}": i for i in range(len(vocab), VOCAB_SIZE)})
+    backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2))
+
+
+def write_tiny_qwen3(path: Path) -> Path:
+    """A 2-layer random Qwen3 with the tokenizer above and a generation_config.json."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=MAX_MODEL_LEN,
+        initializer_range=0.2,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
+    (path / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG))
+    write_tokenizer(path)
+    return path
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    base_url: str
+    log: list[str]
+
+    @property
+    def openai_url(self) -> str:
+        return self.base_url + "/v1"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of the tiny model's sample `name` (with `labels`) on /metrics; 0 if absent."""
+        text = httpx.get(self.base_url + "/metrics", timeout=10).text
+        wanted = {"model_name": MODEL_ID, **labels}
+        for line in text.splitlines():
+            match = re.fullmatch(r"([^{\s]+)(?:\{(.*)\})? (\S+)", line)
+            if line.startswith("#") or match is None or match.group(1) != name:
+                continue
+            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+            if found == wanted:
+                return float(match.group(3))
+        return 0.0
+
+
+def _serve_command(model_dir: Path) -> list[str]:
+    args = [str(model_dir), "--port", "0", "--served-model-name", MODEL_ID]
+    args += ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS)]
+    args += ["--kv-cache-memory", "16M", "--dtype", "float32", "--log-level", "warning"]
+    return [sys.executable, "-m", "axon", "serve", *args]
+
+
+def _server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC), env.get("PYTHONPATH")]))
+    env["AXON_MAX_WAITING_REQUESTS"] = str(MAX_WAITING_REQUESTS)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("AXON_API_KEY", None)
+    return env
+
+
+def _read_log(process: subprocess.Popen, log: list[str], port_found: threading.Event) -> None:
+    for line in process.stderr:
+        log.append(line)
+        if "listening on http://" in line:
+            port_found.set()
+
+
+def _wait_until_serving(server: Server, deadline_s: float = 120.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        assert server.process.poll() is None, "axon serve exited:\n" + "".join(server.log)
+        assert "failed" not in "".join(server.log), "the load failed:\n" + "".join(server.log)
+        try:
+            models = httpx.get(server.openai_url + "/models", timeout=5).json()
+            if any(m["id"] == MODEL_ID for m in models.get("data", [])):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the model did not load in time:\n" + "".join(server.log))
+
+
+def start_server(model_dir: Path) -> Server:
+    process = subprocess.Popen(
+        _serve_command(model_dir),
+        env=_server_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    log: list[str] = []
+    port_found = threading.Event()
+    threading.Thread(target=_read_log, args=(process, log, port_found), daemon=True).start()
+    if not port_found.wait(120):
+        process.kill()
+        raise AssertionError("axon serve never said where it listens:\n" + "".join(log))
+    url = re.search(r"listening on (http://\S+)", "".join(log)).group(1)
+    server = Server(process, url.replace("0.0.0.0", "127.0.0.1"), log)
+    _wait_until_serving(server)
+    return server
+
+
+def stop_server(server: Server) -> None:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny_chat_qwen3"))
+
+
+@pytest.fixture(scope="session")
+def server(tiny_chat_model: Path):
+    running = start_server(tiny_chat_model)
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture()
+def client(server: Server):
+    """The official OpenAI client on the test server (no retries: a 429 must surface)."""
+    from openai import OpenAI
+
+    with OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture()
+def http(server: Server):
+    with httpx.Client(base_url=server.base_url, timeout=60) as c:
+        yield c
