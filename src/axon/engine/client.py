@@ -14,7 +14,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from axon.config import EngineConfig
 from axon.engine.engine_proc import engine_process_main
@@ -129,27 +129,24 @@ class EngineClient:
         with self._send_lock:
             self.conn.send(message)
 
-    async def generate(
+    def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[TokenUpdate]:
-        """Stream the request's TokenUpdates until all `n` samples finish. Leaving early
-        (break, aclose, cancellation) aborts the request in the engine."""
+    ) -> RequestStream:
+        """Submit a request now; iterate the result for its TokenUpdates until all `n` samples
+        finish. Closing it early (aclose, or leaving an `async for`) aborts the request."""
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
-        finished: set[int] = set()
         try:
             self._send(("add", None, request_id, list(prompt_token_ids), params))
-            while len(finished) < params.n:
-                item = await queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                if item.finish_reason is not None:
-                    finished.add(item.index)
-                yield item
-        finally:
+        except BaseException:
             self._streams.pop(request_id, None)
-            if len(finished) < params.n and not self.dead:
-                self._send(("abort", None, [request_id]))
+            raise
+        return RequestStream(self, request_id, queue, params.n)
+
+    def _close_stream(self, request_id: str, finished: bool) -> None:
+        self._streams.pop(request_id, None)
+        if not finished and not self.dead:
+            self._send(("abort", None, [request_id]))
 
     def stop_sample(self, request_id: str, index: int) -> None:
         """Finish one sample now (a stop string matched in the frontend)."""
@@ -184,3 +181,37 @@ class EngineClient:
         """SIGKILL the engine's whole process group (every TP rank with it)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
+
+
+class RequestStream:
+    """The TokenUpdates of one submitted request, as an async iterator that aborts the request
+    in the engine when closed before every sample finished."""
+
+    def __init__(self, client: EngineClient, request_id: str, queue: asyncio.Queue, n: int):
+        self.client, self.request_id, self.queue, self.n = client, request_id, queue, n
+        self.finished: set[int] = set()
+        self.closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> TokenUpdate:
+        if self.closed or len(self.finished) == self.n:
+            await self.aclose()
+            raise StopAsyncIteration
+        try:
+            item = await self.queue.get()
+        except BaseException:  # cancelled while waiting: the client went away
+            await self.aclose()
+            raise
+        if isinstance(item, Exception):
+            await self.aclose()
+            raise item
+        if item.finish_reason is not None:
+            self.finished.add(item.index)
+        return item
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.client._close_stream(self.request_id, len(self.finished) == self.n)

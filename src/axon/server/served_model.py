@@ -149,8 +149,9 @@ class ServedModel:
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None
     ) -> AsyncIterator[RequestState]:
-        """Yield the request's state each time it changes, the last time finished. Raises
-        admission errors before the first yield; leaving early aborts it in the engine."""
+        """Yield the request's state: once as soon as it is admitted (no output yet), then each
+        time it changes, the last time finished. Raises admission errors before the first
+        yield; leaving early aborts it in the engine."""
         self._admit(len(prompt_token_ids), params)
         request_id = uuid.uuid4().hex
         state = RequestState(request_id, prompt, prompt_token_ids, params, self.tokenizer)
@@ -158,6 +159,7 @@ class ServedModel:
         waiting_tokens = len(prompt_token_ids)
         stream = self.client.generate(request_id, prompt_token_ids, params)
         try:
+            yield state
             async for update in stream:
                 if waiting_tokens and update.token_id is not None:
                     self.num_waiting_tokens -= waiting_tokens
