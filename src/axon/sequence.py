@@ -50,6 +50,7 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of the leading full, computed blocks
+        self.state_slot: int | None = None  # recurrent-state slot (hybrid models), while running
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None

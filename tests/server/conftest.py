@@ -121,12 +121,13 @@ def _serve_command(model_dir: Path) -> list[str]:
     return [sys.executable, "-m", "axon", "serve", *args]
 
 
-def _server_env() -> dict[str, str]:
+def _server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC), env.get("PYTHONPATH")]))
     env["AXON_MAX_WAITING_REQUESTS"] = str(MAX_WAITING_REQUESTS)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("AXON_API_KEY", None)
+    env.update(extra or {})
     return env
 
 
@@ -152,10 +153,10 @@ def _wait_until_serving(server: Server, deadline_s: float = 120.0) -> None:
     raise AssertionError("the model did not load in time:\n" + "".join(server.log))
 
 
-def start_server(model_dir: Path) -> Server:
+def start_server(model_dir: Path, env: dict[str, str] | None = None) -> Server:
     process = subprocess.Popen(
         _serve_command(model_dir),
-        env=_server_env(),
+        env=_server_env(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -170,7 +171,11 @@ def start_server(model_dir: Path) -> Server:
         raise AssertionError("axon serve never said where it listens:\n" + "".join(log))
     url = re.search(r"listening on (http://\S+)", "".join(log)).group(1)
     server = Server(process, url.replace("0.0.0.0", "127.0.0.1"), log)
-    _wait_until_serving(server)
+    try:
+        _wait_until_serving(server)
+    except BaseException:
+        stop_server(server)  # never leave a server behind when the load fails
+        raise
     return server
 
 

@@ -32,6 +32,10 @@ class FakeModel:
         self.max_model_len, self.created = 128, 1
         self.on_poisoned = None
         self.shutdown_graces: list[float] = []
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed = True
 
     async def memory(self) -> dict:
         return {"used_bytes": 3 * 2**20, "free_bytes": 1, "total_bytes": 4 * 2**20}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from axon.sequence import Sequence
@@ -43,6 +44,9 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
+        # Hybrid models resume only where a recurrent-state snapshot exists: given the chain
+        # hash of a prefix's last block, may a sequence start computing right after it?
+        self.can_resume_at: Callable[[int], bool] | None = None
 
     # ---- capacity ---------------------------------------------------------------------------
 
@@ -145,6 +149,10 @@ class BlockManager:
                 break  # a miss, or a hash collision caught by checking the tokens
             hits.append(block_id)
             hashes.append(parent_hash)
+        if self.can_resume_at is not None:
+            while hashes and not self.can_resume_at(hashes[-1]):
+                hits.pop()
+                hashes.pop()
         for block_id in hits:
             self._acquire(block_id)
         seq.block_table = hits

@@ -262,7 +262,8 @@ class ModelRegistry:
         entry.status = "recovering"
         old, entry.model = entry.model, None
         try:
-            await old.shutdown(0.0)  # its requests have already failed
+            old.kill()  # the device state is unknown: kill the whole process group at once
+            await old.shutdown(0.0)  # reaps it; its requests have already failed
         except Exception as exc:
             logger.warning("stopping the faulted engine of %s failed: %r", model_id, exc)
         try:

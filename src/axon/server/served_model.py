@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from axon.tokenizer.chat_template import render_chat
 
 logger = logging.getLogger(__name__)
 
+_DEBUG_POISONED: set[str] = set()
 _GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -155,6 +157,11 @@ class ServedModel:
         self._admit(len(prompt_token_ids), params)
         request_id = uuid.uuid4().hex
         state = RequestState(request_id, prompt, prompt_token_ids, params, self.tokenizer)
+        if os.environ.get("AXON_DEBUG_POISON") == self.id and self.id not in _DEBUG_POISONED:
+            # neuron's NEURON_DEBUG_POISON: the named model's first request in this process
+            # injects a device fault, so tests can drive poisoning and recovery end to end.
+            _DEBUG_POISONED.add(self.id)
+            await self.client.call("inject_fault")
         self._enter(len(prompt_token_ids))
         waiting_tokens = len(prompt_token_ids)
         stream = self.client.generate(request_id, prompt_token_ids, params)
@@ -185,6 +192,10 @@ class ServedModel:
         self.num_inflight -= 1
         if self.num_inflight == 0:
             self._idle.set()
+
+    def kill(self) -> None:
+        """SIGKILL the engine process group (recovery of a faulted engine)."""
+        self.client.kill()
 
     async def shutdown(self, grace_s: float = 20.0) -> None:
         """Stop admitting, give in-flight requests up to `grace_s`, then stop the engine."""
