@@ -12,7 +12,6 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from tests.model.tiny_models import get_tiny_model
 
 from axon.server.config import ServerConfig, SourceConfig
 from axon.server.errors import BadRequest, Unprocessable
@@ -26,6 +25,7 @@ from axon.server.sources import (
     resolve_model,
     resolve_source,
 )
+from tests.model.tiny_models import get_tiny_model
 
 GGUF_FILES = ["Qwen3-0.6B-Q4_K_M.gguf", "Qwen3-0.6B-Q8_0.gguf", "Qwen3-0.6B-F16.gguf"]
 
