@@ -280,6 +280,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads for both engines (default: torch's default, one per core)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument(
         "--quick", action="store_true", help="small smoke run (8 requests, short lengths)"
@@ -307,6 +309,8 @@ def main(argv=None) -> int:
     from axon.engine.llm import LLM
     from axon.runner.memory import kv_bytes_per_token
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     res = Results()
     model_dir = ensure_model(args.model_dir.expanduser(), args.seed)
     read_bytes, total_bytes = weight_bytes(model_dir)

@@ -34,6 +34,11 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes for the KV cache; overrides the fraction
     kv_cache_memory_fraction: float = 0.9  # of free device memory (GPU); CPU uses a fixed cap
     seed: int = 0
+    # Hybrid (Gated DeltaNet) models: with prefix caching, the recurrent state is snapshotted
+    # every `state_snapshot_stride` blocks, into a pool of `num_state_snapshots` (default
+    # max_num_seqs) that shares the cache memory budget with the KV blocks and state slots.
+    state_snapshot_stride: int = 16
+    num_state_snapshots: int | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -51,6 +56,12 @@ class EngineConfig:
         )
         check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
+        check(self.state_snapshot_stride >= 1, "state_snapshot_stride", "must be >= 1")
+        check(
+            self.num_state_snapshots is None or self.num_state_snapshots >= 0,
+            "num_state_snapshots",
+            "must be >= 0",
+        )
         check(
             self.kv_cache_memory is None or self.kv_cache_memory > 0,
             "kv_cache_memory",

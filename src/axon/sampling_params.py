@@ -27,6 +27,10 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # None, or a grammar the output must follow (see axon.structured.grammars):
+    # {"type": "json_object"} | {"type": "json_schema", "schema": {...}}
+    # | {"type": "tool_call", "format": "hermes" | "qwen3_coder", "tools": [...], "parallel": b}
+    structured_output: dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -36,6 +40,9 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+        problem = _structured_output_problem(self.structured_output)
+        if problem is not None:
+            raise ValueError(f"structured_output {problem}, got {self.structured_output!r}")
 
     def _validate(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -80,3 +87,26 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
+
+
+_STRUCTURED_TYPES = ("json_object", "json_schema", "tool_call")
+_TOOL_FORMATS = ("hermes", "qwen3_coder")
+
+
+def _structured_output_problem(spec) -> str | None:
+    """Why `spec` is not a valid structured_output, or None when it is."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or spec.get("type") not in _STRUCTURED_TYPES:
+        return f"must be None or a dict whose type is one of {_STRUCTURED_TYPES}"
+    if spec["type"] == "json_schema" and not isinstance(spec.get("schema"), dict | bool):
+        return "json_schema needs a schema object"
+    if spec["type"] == "tool_call":
+        tools = spec.get("tools")
+        if spec.get("format") not in _TOOL_FORMATS:
+            return f"tool_call needs a format in {_TOOL_FORMATS}"
+        if not tools or not all(isinstance(t, dict) and t.get("name") for t in tools):
+            return "tool_call needs a non-empty list of tools with names"
+    if spec.get("thinking") not in (None, "optional", "started"):
+        return "thinking must be None, 'optional' or 'started'"
+    return None

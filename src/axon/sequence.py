@@ -62,6 +62,9 @@ class Sequence:
         self.output_logprobs: list[dict] = []
         self.num_preemptions = 0
         self.fork_parent: Sequence | None = None  # for n > 1: the sample whose prompt we share
+        # Structured output: the grammar matcher, which has consumed exactly the output tokens
+        # (kept across preemption, since recompute keeps the tokens).
+        self.grammar = None
         self.arrival_order = self.seq_id
 
     def __len__(self) -> int:

@@ -11,6 +11,7 @@ import logging
 import torch
 
 from axon.cache.block_manager import BlockManager
+from axon.cache.state_slots import StateSlotManager
 from axon.config import EngineConfig
 from axon.engine.scheduler import Scheduler
 from axon.outputs import TokenUpdate
@@ -49,17 +50,26 @@ class EngineCore:
         self.block_manager = BlockManager(
             plan.num_blocks, plan.block_size, config.enable_prefix_caching
         )
+        self.state_slots = None
+        snapshot_interval = 0
+        if plan.num_state_slots:
+            self.state_slots = StateSlotManager(plan.num_state_slots, plan.num_state_snapshots)
+            if plan.num_state_snapshots:
+                snapshot_interval = plan.block_size * config.state_snapshot_stride
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
             config.max_num_batched_tokens,
             plan.max_model_len,
+            self.state_slots,
+            snapshot_interval,
         )
         self.max_model_len = plan.max_model_len
-        self.eos_token_ids = eos_token_ids_of(config.model, self.runner.hf_config)
+        self.eos_token_ids = eos_token_ids_of(config.model, self.runner.text_config)
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self._captured_logits: dict[int, torch.Tensor] | None = None
+        self._structured = None  # StructuredOutputs, made by the first request that needs it
         self.requests: dict[str, list[Sequence]] = {}  # unfinished requests' sequences
 
     # ---- commands ---------------------------------------------------------------------------
@@ -81,6 +91,9 @@ class EngineCore:
         ]
         for child in seqs[1:]:
             child.fork_parent = seqs[0]
+        if params.structured_output is not None:
+            for seq in seqs:
+                seq.grammar = self.structured.matcher(params.structured_output)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
         for seq in seqs:
@@ -127,6 +140,7 @@ class EngineCore:
             n for seq, n in out.scheduled if seq.num_computed_tokens < seq.num_prompt_tokens
         )
         self.scheduler.update(out, sampled)
+        self.runner.save_state_snapshots(out.state_saves)
         self.num_generation_tokens += len(sampled)
         updates = [self._update_of(seq, sampled, logprobs) for seq, _ in out.scheduled]
         for seq, _ in out.scheduled:
@@ -154,10 +168,26 @@ class EngineCore:
             for seq, row in zip(seqs, logits):
                 self._captured_logits[seq.seq_id] = row.clone()
         meta = SamplingMetadata.from_sequences(seqs, self.runner.vocab_size, self.runner.device)
+        grammars = [seq.grammar for seq in seqs]
+        has_grammar = any(g is not None for g in grammars)
+        if has_grammar:
+            self.structured.apply_masks(grammars, logits)
         result = self.runner.sampler(logits, meta)
+        if has_grammar:
+            self.structured.advance(grammars, result.token_ids)
         sampled = {seq.seq_id: tok for seq, tok in zip(seqs, result.token_ids)}
         logprobs = {seq.seq_id: lp for seq, lp in zip(seqs, result.logprobs) if lp is not None}
         return sampled, logprobs
+
+    @property
+    def structured(self):
+        """The grammar backend (llguidance), made on first use: most engines never need it."""
+        if self._structured is None:
+            from axon.structured import StructuredOutputs
+
+            path = self.config.tokenizer or self.config.model
+            self._structured = StructuredOutputs(path, self.runner.vocab_size, self.eos_token_ids)
+        return self._structured
 
     # ---- queries and debug hooks ------------------------------------------------------------
 
@@ -176,6 +206,8 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> None:
         self.block_manager.reset_prefix_cache()
+        if self.state_slots is not None:
+            self.state_slots.reset_snapshots()
 
     def stats(self) -> dict:
         bm = self.block_manager
@@ -190,4 +222,5 @@ class EngineCore:
             "num_free_blocks": bm.num_free_blocks,
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_generation_tokens": self.num_generation_tokens,
+            "state_snapshot_restores": self.state_slots.num_restores if self.state_slots else 0,
         }

@@ -4,6 +4,11 @@ Each step every sequence is given a number of new tokens to compute: 1 for a dec
 a prompt, under `max_num_batched_tokens` and `max_num_seqs`. Running sequences go first (oldest
 first); when the cache runs out of blocks the newest running sequence is preempted and later
 recomputed. Waiting sequences are admitted in FIFO order, prefix-cache hits first matched.
+
+Hybrid models (Gated DeltaNet layers) also hold one recurrent-state slot per running sequence:
+none is admitted without a free slot. With prefix caching, prompt chunks end on snapshot
+boundaries (every `snapshot_interval` tokens) so the state there can be snapshotted after the
+step, and a prefix hit resumes only from a snapshot, which the runner restores into the new slot.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from axon.cache.block_manager import BlockManager
+from axon.cache.state_slots import StateSlotManager
 from axon.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -19,6 +25,9 @@ from axon.sequence import FinishReason, Sequence, SequenceStatus
 class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, num_new_tokens)
     preempted: list[Sequence] = field(default_factory=list)
+    # Hybrid models: (state slot, snapshot index) copies the runner makes.
+    state_restores: list[tuple[int, int]] = field(default_factory=list)  # before the step
+    state_saves: list[tuple[int, int]] = field(default_factory=list)  # after it (set by update)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -36,8 +45,19 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        state_slots: StateSlotManager | None = None,
+        snapshot_interval: int = 0,
     ) -> None:
+        if snapshot_interval % block_manager.block_size:
+            raise ValueError(
+                f"snapshot_interval {snapshot_interval} must be a multiple of the block size"
+            )
         self.block_manager = block_manager
+        self.state_slots = state_slots
+        # Tokens between state snapshots; 0 takes none (no hybrid model or no prefix caching).
+        self.snapshot_interval = snapshot_interval if state_slots is not None else 0
+        if self.snapshot_interval:
+            block_manager.can_resume_at = state_slots.has_snapshot
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -93,13 +113,42 @@ class Scheduler:
                 break
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = self._chunk_size(seq, budget)
             if not self._make_room(seq, num_new, out):
                 continue
             self.block_manager.allocate(seq, num_new)
             out.scheduled.append((seq, num_new))
             budget -= num_new
         return budget
+
+    def _chunk_size(self, seq: Sequence, budget: int) -> int:
+        """Tokens `seq` computes this step: the rest of it under `budget`, cut at the next
+        snapshot boundary so the state there can be saved."""
+        num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        interval = self.snapshot_interval
+        if interval:
+            boundary = (seq.num_computed_tokens // interval + 1) * interval
+            num_new = min(num_new, boundary - seq.num_computed_tokens)
+        return num_new
+
+    def _has_free_slot(self) -> bool:
+        return self.state_slots is None or self.state_slots.num_free_slots > 0
+
+    def _take_slot(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Give an admitted sequence its state slot, restored from a snapshot on a prefix hit."""
+        if self.state_slots is None:
+            return
+        seq.state_slot = self.state_slots.allocate()
+        if seq.num_computed_tokens:
+            index = self.state_slots.lookup(seq.block_hashes[-1])
+            if index is None:
+                raise RuntimeError("prefix hit without a state snapshot")  # match_prefix bug
+            out.state_restores.append((seq.state_slot, index))
+
+    def _release_slot(self, seq: Sequence) -> None:
+        if self.state_slots is not None and seq.state_slot is not None:
+            self.state_slots.free(seq.state_slot)
+            seq.state_slot = None
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Preempt the newest running sequences not yet scheduled this step until `seq` fits;
@@ -115,7 +164,12 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         skipped: list[Sequence] = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+            and self._has_free_slot()
+        ):
             seq = self.waiting[0]
             if self._waits_for_parent(seq):
                 skipped.append(self.waiting.popleft())
@@ -123,7 +177,7 @@ class Scheduler:
             looked_up = not seq.block_table
             if looked_up:
                 self.block_manager.match_prefix(seq)
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = self._chunk_size(seq, budget)
             if not self.block_manager.can_allocate(seq, num_new):
                 # Hold no blocks while waiting: a waiting sequence pinning prefix hits (or a
                 # forked prompt) could starve the sequences that must run to release memory.
@@ -133,6 +187,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.block_manager.allocate(seq, num_new)
+            self._take_slot(seq, out)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append((seq, num_new))
@@ -152,6 +207,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
+        self._release_slot(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -166,6 +222,7 @@ class Scheduler:
         for seq, num_new in out.scheduled:
             seq.num_computed_tokens += num_new
             self.block_manager.cache_full_blocks(seq)
+            self._save_snapshot(seq, out)
             token_id = sampled.get(seq.seq_id)
             if token_id is None:
                 continue  # a prompt chunk that did not reach the end of the prompt
@@ -178,10 +235,23 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
+    def _save_snapshot(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Have the runner snapshot `seq`'s state when its computed tokens end on a boundary."""
+        computed = seq.num_computed_tokens
+        if not self.snapshot_interval or computed % self.snapshot_interval:
+            return
+        block_hash = seq.block_hashes[computed // self.block_manager.block_size - 1]
+        index = self.state_slots.reserve(block_hash)
+        if index is not None:
+            out.state_saves.append((seq.state_slot, index))
+
     def _fork_children(self, parent: Sequence) -> None:
         for child in self.waiting:
             if child.fork_parent is parent:
-                self.block_manager.fork(parent, child, parent.num_prompt_tokens - 1)
+                # A hybrid child cannot share blocks without the state at their end: it finds
+                # the parent's cached blocks and snapshots through match_prefix instead.
+                if self.state_slots is None:
+                    self.block_manager.fork(parent, child, parent.num_prompt_tokens - 1)
                 child.fork_parent = None
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
@@ -204,6 +274,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.fork_parent = None

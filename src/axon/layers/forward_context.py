@@ -17,6 +17,8 @@ class PrefillChunk:
     query_len: int
     context_len: int
     key_slots: torch.Tensor  # [context_len] cache slots of every key the chunk attends to
+    state_slot: int | None = None  # hybrid models: the sequence's recurrent-state slot
+    has_initial_state: bool = False  # the slot holds the state before this chunk (else zeros)
 
 
 @dataclass
@@ -26,6 +28,7 @@ class AttentionMetadata:
     decode_token_index: torch.Tensor | None  # [Bd] rows of the flat batch that are decodes
     decode_key_slots: torch.Tensor | None  # [Bd, C] key slots, padded with slot 0
     decode_context_lens: torch.Tensor | None  # [Bd]
+    decode_state_slots: torch.Tensor | None = None  # [Bd] hybrid models: recurrent-state slots
     _masks: dict = field(default_factory=dict)
 
     def prefill_mask(self, index: int, window: int | None) -> torch.Tensor:

@@ -16,13 +16,25 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy every checkpoint tensor into `model`. Raises ValueError naming missing or
-    unexpected weights."""
+    unexpected weights.
+
+    A model may declare `checkpoint_prefixes` (checkpoint prefix -> its own, e.g. a multimodal
+    checkpoint's `model.language_model.` -> `model.`), `ignored_checkpoint_prefixes` (weights it
+    does not hold, e.g. a vision tower) and `tie_word_embeddings` (else read from its config).
+    """
     params = dict(model.named_parameters(remove_duplicate=False))
     packed = getattr(model, "packed_modules_mapping", {})
-    tied = getattr(model.config, "tie_word_embeddings", False)
+    prefixes = getattr(model, "checkpoint_prefixes", {})
+    ignored = tuple(getattr(model, "ignored_checkpoint_prefixes", ()))
+    tied = getattr(model, "tie_word_embeddings", None)
+    if tied is None:
+        tied = getattr(model.config, "tie_word_embeddings", False)
     loaded: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in weights:
+        if ignored and name.startswith(ignored):
+            continue
+        name = _rename(name, prefixes)
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
         target, shard_id = _route(name, packed)
@@ -39,6 +51,13 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             loader(param, tensor, shard_id)
         loaded.add(name)
     _check_complete(model, params, packed, loaded, unexpected, tied)
+
+
+def _rename(name: str, prefixes: dict[str, str]) -> str:
+    for checkpoint_prefix, model_prefix in prefixes.items():
+        if name.startswith(checkpoint_prefix):
+            return model_prefix + name[len(checkpoint_prefix) :]
+    return name
 
 
 def _route(name: str, packed: dict) -> tuple[str, object]:

@@ -18,21 +18,35 @@ class KVCachePlan:
     block_size: int
     bytes_per_token: int
     max_model_len: int
+    # Hybrid models: recurrent-state slots (one per running sequence) and prefix snapshots.
+    num_state_slots: int = 0
+    num_state_snapshots: int = 0
+    state_bytes_per_slot: int = 0
 
     @property
     def num_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
     @property
+    def state_bytes(self) -> int:
+        return (self.num_state_slots + self.num_state_snapshots) * self.state_bytes_per_slot
+
+    @property
     def total_bytes(self) -> int:
-        return self.num_tokens * self.bytes_per_token
+        return self.num_tokens * self.bytes_per_token + self.state_bytes
 
     def describe(self) -> str:
-        return (
+        text = (
             f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {self.num_tokens} "
             f"tokens, {self.bytes_per_token} B/token, {self.total_bytes / 2**20:.1f} MiB; "
             f"max_model_len {self.max_model_len}"
         )
+        if self.state_bytes_per_slot:
+            text += (
+                f"; state: {self.num_state_slots} slots + {self.num_state_snapshots} snapshots "
+                f"x {self.state_bytes_per_slot / 2**20:.2f} MiB"
+            )
+        return text
 
 
 def kv_bytes_per_token(
@@ -56,30 +70,48 @@ def available_memory(device: torch.device) -> int:
     return _CPU_DEFAULT_CAP
 
 
+def state_rows_of(config) -> tuple[int, int]:
+    """(state slots, snapshots) a hybrid model needs: one slot per schedulable sequence, and
+    snapshots only with prefix caching."""
+    snapshots = config.num_state_snapshots
+    if snapshots is None:
+        snapshots = config.max_num_seqs
+    return config.max_num_seqs, snapshots if config.enable_prefix_caching else 0
+
+
+def _cache_budget(config, device: torch.device) -> int:
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory
+    budget = int(available_memory(device) * config.kv_cache_memory_fraction)
+    return min(budget, _CPU_DEFAULT_CAP) if device.type == "cpu" else budget
+
+
 def plan_kv_cache(
-    config, bytes_per_token: int, model_max_len: int, device: torch.device
+    config,
+    bytes_per_token: int,
+    model_max_len: int,
+    device: torch.device,
+    state_bytes_per_slot: int = 0,
 ) -> KVCachePlan:
     """Size the cache from `kv_cache_memory` or a fraction of free memory, never beyond what
-    `max_num_seqs` sequences of `max_model_len` tokens can use. Raises ValueError when the
-    budget cannot hold one block."""
+    `max_num_seqs` sequences of `max_model_len` tokens can use. A hybrid model's state slots and
+    snapshots come out of the same budget first. Raises ValueError when what is left cannot
+    hold one block."""
     block_bytes = bytes_per_token * config.block_size
     if config.max_model_len is not None and config.max_model_len > model_max_len:
         raise ValueError(
             f"max_model_len {config.max_model_len} exceeds the model's context {model_max_len}"
         )
-    if config.kv_cache_memory is not None:
-        budget = config.kv_cache_memory
-    else:
-        budget = int(available_memory(device) * config.kv_cache_memory_fraction)
-        if device.type == "cpu":
-            budget = min(budget, _CPU_DEFAULT_CAP)
+    slots, snapshots = state_rows_of(config) if state_bytes_per_slot else (0, 0)
+    state_bytes = (slots + snapshots) * state_bytes_per_slot
+    budget = _cache_budget(config, device) - state_bytes
     wanted_len = min(config.max_model_len or model_max_len, model_max_len)
     blocks_per_seq = -(-wanted_len // config.block_size)
-    num_blocks = min(budget // block_bytes, blocks_per_seq * config.max_num_seqs)
+    num_blocks = min(max(budget, 0) // block_bytes, blocks_per_seq * config.max_num_seqs)
     if num_blocks < 1:
         raise ValueError(
-            f"kv_cache_memory {budget} B cannot hold one block of {config.block_size} tokens "
-            f"({block_bytes} B)"
+            f"cache budget {budget + state_bytes} B cannot hold one block of {config.block_size} "
+            f"tokens ({block_bytes} B) after {state_bytes} B of recurrent state"
         )
     max_model_len = min(wanted_len, num_blocks * config.block_size)
     if config.max_model_len is not None and max_model_len < config.max_model_len:
@@ -87,6 +119,9 @@ def plan_kv_cache(
             f"max_model_len {config.max_model_len} needs {blocks_per_seq} KV blocks but the cache "
             f"budget holds {num_blocks}; raise kv_cache_memory or lower max_model_len"
         )
-    plan = KVCachePlan(num_blocks, config.block_size, bytes_per_token, max_model_len)
+    plan = KVCachePlan(
+        num_blocks, config.block_size, bytes_per_token, max_model_len,
+        slots, snapshots, state_bytes_per_slot,
+    )  # fmt: skip
     logger.info(plan.describe())
     return plan

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,6 +12,7 @@ from axon.config import EngineConfig
 from axon.engine.scheduler import SchedulerOutput
 from axon.layers.attention import Attention
 from axon.layers.forward_context import AttentionMetadata, PrefillChunk, set_forward_context
+from axon.layers.linear_attention import GatedDeltaNet
 from axon.loader import iterate_weights, load_hf_config
 from axon.loader.weights import load_weights
 from axon.models.registry import get_model_class
@@ -28,20 +30,23 @@ class StepBatch:
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [B] rows of the flat batch whose next token is sampled
     sampling_seqs: list[Sequence]
+    state_restores: list[tuple[int, int]] = field(default_factory=list)  # (slot, snapshot)
 
 
 class ModelRunner:
-    """Owns the model weights and the KV cache on one device."""
+    """Owns the model weights, the KV cache and (hybrid models) the state slots on one device."""
 
     def __init__(self, config: EngineConfig, hf_config=None):
         self.config = config
         self.device = config.torch_device()
         self.hf_config = hf_config if hf_config is not None else load_hf_config(config.model)
+        self.text_config = self.hf_config.get_text_config()
         self.dtype = config.torch_dtype(self.hf_config)
         self.model = self._load_model()
         self.plan = self._allocate_kv_cache()
+        self._allocate_state_slots()
         self.sampler = Sampler()
-        self.vocab_size = self.hf_config.vocab_size
+        self.vocab_size = self.text_config.vocab_size
 
     def _load_model(self) -> torch.nn.Module:
         model_cls = get_model_class(self.hf_config.model_type)
@@ -57,12 +62,25 @@ class ModelRunner:
     def _attention_layers(self) -> list[Attention]:
         return [m for m in self.model.modules() if isinstance(m, Attention)]
 
+    def _gdn_layers(self) -> list[GatedDeltaNet]:
+        return [m for m in self.model.modules() if isinstance(m, GatedDeltaNet)]
+
+    def _state_bytes_per_slot(self) -> int:
+        """Conv state (model dtype) + recurrent state (fp32) of every GDN layer, per sequence."""
+        total = 0
+        for layer in self._gdn_layers():
+            conv, recurrent = layer.state_shapes()
+            total += math.prod(conv) * self.dtype.itemsize + math.prod(recurrent) * 4
+        return total
+
     def _allocate_kv_cache(self) -> KVCachePlan:
         layers = self._attention_layers()
         num_kv_heads, head_dim = layers[0].num_kv_heads, layers[0].head_dim
         per_token = kv_bytes_per_token(len(layers), num_kv_heads, head_dim, self.dtype)
-        model_max_len = self.hf_config.max_position_embeddings
-        plan = plan_kv_cache(self.config, per_token, model_max_len, self.device)
+        model_max_len = self.text_config.max_position_embeddings
+        plan = plan_kv_cache(
+            self.config, per_token, model_max_len, self.device, self._state_bytes_per_slot()
+        )
         shape = (2, len(layers), plan.num_tokens, num_kv_heads, head_dim)
         # Zeroed, so padded (masked) key slots never hold NaN or inf.
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -70,6 +88,33 @@ class ModelRunner:
             layer.k_cache = self.kv_cache[0, index]  # [slots, Hkv, D]
             layer.v_cache = self.kv_cache[1, index]
         return plan
+
+    def _allocate_state_slots(self) -> None:
+        """Per GDN layer: rows [0, slots) are the running sequences' states, the rows after
+        them the snapshot pool."""
+        rows = self.plan.num_state_slots + self.plan.num_state_snapshots
+        for layer in self._gdn_layers():
+            conv, recurrent = layer.state_shapes()
+            layer.conv_state = torch.zeros(rows, *conv, dtype=self.dtype, device=self.device)
+            layer.recurrent_state = torch.zeros(
+                rows, *recurrent, dtype=torch.float32, device=self.device
+            )
+
+    def _copy_states(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy state row src to row dst for every (src, dst) pair, in every GDN layer."""
+        if not pairs:
+            return
+        src = self._tensor([s for s, _ in pairs])
+        dst = self._tensor([d for _, d in pairs])
+        for layer in self._gdn_layers():
+            layer.conv_state.index_copy_(0, dst, layer.conv_state[src])
+            layer.recurrent_state.index_copy_(0, dst, layer.recurrent_state[src])
+
+    @torch.inference_mode()
+    def save_state_snapshots(self, saves: list[tuple[int, int]]) -> None:
+        """Copy each (slot, snapshot index) pair's slot state into the snapshot pool."""
+        base = self.plan.num_state_slots
+        self._copy_states([(slot, base + index) for slot, index in saves])
 
     # ---- batch preparation ------------------------------------------------------------------
 
@@ -94,7 +139,8 @@ class ModelRunner:
                 decode_seqs.append(seq)
             else:
                 key_slots = self._slots(seq, 0, end).to(self.device)
-                prefills.append(PrefillChunk(row, num_new, end, key_slots))
+                chunk = PrefillChunk(row, num_new, end, key_slots, seq.state_slot, start > 0)
+                prefills.append(chunk)
             if end == seq.num_tokens:
                 logits_indices.append(row + num_new - 1)
                 sampling_seqs.append(seq)
@@ -103,12 +149,14 @@ class ModelRunner:
             prefills=prefills,
             **self._decode_metadata(decode_rows, decode_seqs),
         )
+        base = self.plan.num_state_slots
         return StepBatch(
             self._tensor(input_ids),
             self._tensor(positions),
             attn,
             self._tensor(logits_indices),
             sampling_seqs,
+            [(base + index, slot) for slot, index in out.state_restores],
         )
 
     def _decode_metadata(self, rows: list[int], seqs: list[Sequence]) -> dict:
@@ -117,6 +165,7 @@ class ModelRunner:
                 "decode_token_index": None,
                 "decode_key_slots": None,
                 "decode_context_lens": None,
+                "decode_state_slots": None,
             }
         block_size = self.plan.block_size
         lens = [seq.num_computed_tokens + 1 for seq in seqs]
@@ -130,7 +179,13 @@ class ModelRunner:
             "decode_token_index": self._tensor(rows),
             "decode_key_slots": key_slots.to(self.device),  # [Bd, C], padding masked later
             "decode_context_lens": self._tensor(lens),
+            "decode_state_slots": self._state_slot_tensor(seqs),
         }
+
+    def _state_slot_tensor(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        if not seqs or seqs[0].state_slot is None:
+            return None
+        return self._tensor([seq.state_slot for seq in seqs])
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -139,7 +194,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
-        """Logits [B, V] (float32) for the rows that sample."""
+        """Logits [B, V] (float32) for the rows that sample; restores prefix-hit states first."""
+        self._copy_states(batch.state_restores)
         with set_forward_context(batch.attn):
             hidden = self.model(batch.input_ids, batch.positions)  # [T, hidden]
         return self.model.compute_logits(hidden[batch.logits_indices])

@@ -53,6 +53,7 @@ class ModelSpec(EngineArgs):
     tensor_parallel: int | None = Field(None, ge=1)
     devices: list[int] | None = None
     served_model_name: str | None = Field(None, min_length=1)
+    chat_template: str | None = Field(None, min_length=1, description="template file override")
 
     @property
     def served_id(self) -> str:

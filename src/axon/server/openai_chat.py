@@ -1,5 +1,6 @@
 """`POST /v1/chat/completions`: the chat template renders the messages, the engine generates, and
-the answer goes back whole or as SSE chunks (role, one per token, finish, usage, `[DONE]`)."""
+the answer goes back whole or as SSE chunks (role, one per token, finish, usage, `[DONE]`).
+Reasoning, tool calls and structured output: chat_output.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from fastapi import APIRouter, Request
 
 from axon.engine.output_processor import RequestState
+from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.openai_completions import (
     EventStream,
     Generation,
@@ -19,7 +21,6 @@ from axon.server.protocol import (
     SampleCursor,
     chat_logprobs,
     error_event,
-    finish_reason,
     now,
     parse_request,
     random_id,
@@ -34,8 +35,8 @@ router = APIRouter()
 class _ChatContext:
     """One chat request's constants and the builders of its choices and chunks."""
 
-    def __init__(self, body: ChatCompletionRequest, model, params):
-        self.body, self.model, self.params = body, model, params
+    def __init__(self, body: ChatCompletionRequest, model, params, plan: ChatOutputPlan):
+        self.body, self.model, self.params, self.plan = body, model, params, plan
         self.id, self.created = random_id("chatcmpl-"), now()
 
     def decode(self, token_id: int) -> str:
@@ -72,41 +73,50 @@ class _ChatContext:
         return sse(self._envelope("chat.completion.chunk", [], usage=self.usage(state)))
 
     def response(self, state: RequestState) -> dict:
-        choices = [
-            {
-                "index": sample.index,
-                "message": {"role": "assistant", "content": sample.text},
-                "logprobs": self.logprobs(sample, range(len(sample.token_ids))),
-                "finish_reason": finish_reason(sample.finish_reason),
-                "stop_reason": sample.stop_reason,
-            }
-            for sample in state.samples
-        ]
+        choices = []
+        for sample in state.samples:
+            output = ChoiceOutput(self.plan)
+            message = output.message(sample.text)
+            choices.append(
+                {
+                    "index": sample.index,
+                    "message": message,
+                    "logprobs": self.logprobs(sample, range(len(sample.token_ids))),
+                    "finish_reason": output.finish_reason(sample.finish_reason),
+                    "stop_reason": sample.stop_reason,
+                }
+            )
         return self._envelope("chat.completion", choices, usage=self.usage(state))
 
 
-def _sample_chunks(context: _ChatContext, sample, cursor: SampleCursor):
-    """The chunks one sample's progress since the last state makes: content, then its end."""
+def _sample_chunks(context: _ChatContext, sample, cursor: SampleCursor, output: ChoiceOutput):
+    """The chunks one sample's progress since the last state makes: its deltas (content,
+    reasoning, tool calls; the step's logprobs on the first), then its end."""
     step = cursor.advance(sample)
     if step is None:
         return
     text, positions = step
     logprobs = context.logprobs(sample, positions)
-    if text or logprobs:
-        yield context.chunk(sample.index, {"content": text}, logprobs)
+    deltas = output.deltas(text, final=cursor.done)
+    if logprobs and not deltas:
+        deltas = [{"content": ""}]
+    for number, delta in enumerate(deltas):
+        yield context.chunk(sample.index, delta, logprobs if number == 0 else None)
     if cursor.done:
-        yield context.chunk(sample.index, {}, finish=finish_reason(sample.finish_reason))
+        reason = output.finish_reason(sample.finish_reason)
+        yield context.chunk(sample.index, {}, finish=reason)
 
 
 async def _chat_stream(generation: Generation, context: _ChatContext):
     cursors = [SampleCursor() for _ in range(context.params.n)]
+    outputs = [ChoiceOutput(context.plan) for _ in range(context.params.n)]
     state = generation.state
     try:
         for index in range(context.params.n):
             yield context.chunk(index, {"role": "assistant", "content": ""})
         async for state in generation:
-            for sample, cursor in zip(state.samples, cursors):
-                for chunk in _sample_chunks(context, sample, cursor):
+            for sample, cursor, output in zip(state.samples, cursors, outputs):
+                for chunk in _sample_chunks(context, sample, cursor, output):
                     yield chunk
     except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
         yield error_event(exc)
@@ -133,13 +143,18 @@ async def create_chat_completion(request: Request):
     body = parse_request(await request.body(), ChatCompletionRequest)
     model = served_model(request, body.model)
     text, prompt_ids = chat_prompt(model, body)
+    plan = ChatOutputPlan.of(model, body, text, request.headers)
     params = build_sampling_params(
-        body, len(prompt_ids), model.max_model_len, model.generation_defaults
+        body,
+        len(prompt_ids),
+        model.max_model_len,
+        model.generation_defaults,
+        structured_output=plan.structured_output,
     )
     generation = await or_disconnect(
         request, Generation.start(model, prompt_ids, params, text, started_at)
     )
-    context = _ChatContext(body, model, params)
+    context = _ChatContext(body, model, params, plan)
     if body.stream:
         return EventStream(_chat_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())

@@ -114,12 +114,9 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
     def template_dict(self) -> dict:
-        """The message as the chat template sees it: text parts joined into one string."""
-        message = self.model_dump(exclude_none=True)
-        content = self.content
-        if isinstance(content, list) and all(part.get("type") == "text" for part in content):
-            message["content"] = "\n".join(str(part.get("text", "")) for part in content)
-        return message
+        """The message with its extras, content parts verbatim: the renderer joins them or hands
+        them to the template, as the template handles them (chat_template.content_format)."""
+        return self.model_dump(exclude_none=True)
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -131,6 +128,8 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
 
@@ -178,6 +177,8 @@ class ResponsesRequest(SamplingRequest):
     max_output_tokens: int | None = None
     previous_response_id: str | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> tuple[int | None, str]:

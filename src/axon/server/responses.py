@@ -8,6 +8,7 @@ import time
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 
+from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.errors import BadRequest
 from axon.server.openai_chat import chat_prompt
 from axon.server.openai_completions import (
@@ -112,6 +113,8 @@ def _as_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         model=body.model,
         messages=messages,
         tools=_chat_tools(body.tools),
+        tool_choice=body.tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls,
         chat_template_kwargs=body.chat_template_kwargs,
         add_generation_prompt=True,
     )
@@ -120,10 +123,40 @@ def _as_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
 class _ResponseContext:
     """One request's ids and the builders of its response object and output item."""
 
-    def __init__(self, body: ResponsesRequest, model, params):
-        self.body, self.model, self.params = body, model, params
+    def __init__(self, body: ResponsesRequest, model, params, plan: ChatOutputPlan):
+        self.body, self.model, self.params, self.plan = body, model, params, plan
         self.id, self.item_id, self.created = random_id("resp_"), random_id("msg_"), now()
+        self.reasoning_id = random_id("rs_")
         self.sequence_number = 0
+
+    def reasoning_item(self, text: str, status: str) -> dict:
+        part = {"type": "reasoning_text", "text": text}
+        kind = {"type": "reasoning", "id": self.reasoning_id, "summary": []}
+        return {**kind, "content": [part] if text else [], "status": status}
+
+    def output_items(self, text: str, status: str) -> list[dict]:
+        """The output items of the whole `text`: reasoning (if any), the message (unless the
+        answer is only tool calls), then one function_call item per call."""
+        message = ChoiceOutput(self.plan).message(text)
+        items = []
+        if message.get("reasoning_content"):
+            items.append(self.reasoning_item(message["reasoning_content"], "completed"))
+        calls = message.get("tool_calls") or []
+        if message["content"] or not calls:
+            items.append(self.item(message["content"] or "", status))
+        for call in calls:
+            function = call["function"]
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": "fc_" + call["id"].removeprefix("call_"),
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": function["arguments"],
+                    "status": "completed",
+                }
+            )
+        return items
 
     def item(self, text: str, status: str, content: bool = True) -> dict:
         part = {"type": "output_text", "text": text, "annotations": []}
@@ -152,8 +185,8 @@ class _ResponseContext:
             "temperature": self.params.temperature,
             "top_p": self.params.top_p,
             "previous_response_id": None,
-            "parallel_tool_calls": False,
-            "tool_choice": "auto",
+            "parallel_tool_calls": self.plan.parallel_tool_calls,
+            "tool_choice": self.body.tool_choice or "auto",
             "tools": self.body.tools or [],
             "metadata": {},
         }
@@ -168,7 +201,7 @@ class _ResponseContext:
             "output_tokens": generated,
             "total_tokens": prompt_tokens + generated,
         }
-        return self.response(status, [self.item(sample.text, status)], usage)
+        return self.response(status, self.output_items(sample.text, status), usage)
 
     def event(self, kind: str, **data) -> str:
         payload = {"type": kind, "sequence_number": self.sequence_number, **data}
@@ -176,39 +209,90 @@ class _ResponseContext:
         return sse(payload, event=kind)
 
 
-def _opening_events(context: _ResponseContext):
-    shell = context.response("in_progress", [])
-    yield context.event("response.created", response=shell)
-    yield context.event("response.in_progress", response=shell)
+def _message_opening(context: _ResponseContext, index: int):
     item = context.item("", "in_progress", content=False)
-    yield context.event("response.output_item.added", output_index=0, item=item)
+    yield context.event("response.output_item.added", output_index=index, item=item)
     part = {"type": "output_text", "text": "", "annotations": []}
-    where = {"item_id": context.item_id, "output_index": 0, "content_index": 0}
+    where = {"item_id": context.item_id, "output_index": index, "content_index": 0}
     yield context.event("response.content_part.added", **where, part=part)
 
 
-def _closing_events(context: _ResponseContext, state):
+def _closing_events(context: _ResponseContext, state, message_index: int | None):
+    """The end of the open message (its item as the final response has it), any items the
+    stream did not carry (tool calls), and response.completed."""
     final = context.final(state)
-    item = final["output"][0]
-    text = item["content"][0]["text"]
-    where = {"item_id": context.item_id, "output_index": 0, "content_index": 0}
-    yield context.event("response.output_text.done", **where, text=text)
-    yield context.event("response.content_part.done", **where, part=item["content"][0])
-    yield context.event("response.output_item.done", output_index=0, item=item)
+    for index, item in enumerate(final["output"]):
+        if item["type"] == "reasoning":
+            continue
+        if item["type"] == "message" and index == message_index:
+            text = item["content"][0]["text"]
+            where = {"item_id": context.item_id, "output_index": index, "content_index": 0}
+            yield context.event("response.output_text.done", **where, text=text)
+            yield context.event("response.content_part.done", **where, part=item["content"][0])
+        else:
+            yield context.event("response.output_item.added", output_index=index, item=item)
+        yield context.event("response.output_item.done", output_index=index, item=item)
     yield context.event("response.completed", response=final)
+
+
+class _StreamItems:
+    """Which output items a response stream has open: reasoning first, then the message."""
+
+    def __init__(self, context: _ResponseContext):
+        self.context, self.output = context, ChoiceOutput(context.plan)
+        self.reasoning = ""
+        self.reasoning_open = False
+        self.message_index: int | None = None
+
+    def events(self, text: str, final: bool):
+        for delta in self.output.deltas(text, final):
+            if "reasoning_content" in delta:
+                yield from self._reasoning(delta["reasoning_content"])
+            elif delta.get("content"):
+                yield from self._open_message()
+                where = {"item_id": self.context.item_id, "output_index": self.message_index}
+                yield self.context.event(
+                    "response.output_text.delta", **where, content_index=0, delta=delta["content"]
+                )
+        if final and not self.output.num_calls:
+            yield from self._open_message()
+
+    def _reasoning(self, text: str):
+        context = self.context
+        if not self.reasoning_open:
+            self.reasoning_open = True
+            item = context.reasoning_item("", "in_progress")
+            yield context.event("response.output_item.added", output_index=0, item=item)
+        self.reasoning += text
+        where = {"item_id": context.reasoning_id, "output_index": 0, "content_index": 0}
+        yield context.event("response.reasoning_text.delta", **where, delta=text)
+
+    def _open_message(self):
+        if self.message_index is not None:
+            return
+        context = self.context
+        if self.reasoning_open:
+            where = {"item_id": context.reasoning_id, "output_index": 0, "content_index": 0}
+            yield context.event("response.reasoning_text.done", **where, text=self.reasoning)
+            item = context.reasoning_item(self.reasoning, "completed")
+            yield context.event("response.output_item.done", output_index=0, item=item)
+        self.message_index = 1 if self.reasoning_open else 0
+        yield from _message_opening(context, self.message_index)
 
 
 async def _response_stream(generation: Generation, context: _ResponseContext):
     cursor = SampleCursor()
-    where = {"item_id": context.item_id, "output_index": 0, "content_index": 0}
+    items = _StreamItems(context)
     try:
-        for event in _opening_events(context):
-            yield event
+        shell = context.response("in_progress", [])
+        yield context.event("response.created", response=shell)
+        yield context.event("response.in_progress", response=shell)
         async for state in generation:
             step = cursor.advance(state.samples[0])
-            if step is not None and step[0]:
-                yield context.event("response.output_text.delta", **where, delta=step[0])
-        for event in _closing_events(context, generation.state):
+            if step is not None:
+                for event in items.events(step[0], final=cursor.done):
+                    yield event
+        for event in _closing_events(context, generation.state, items.message_index):
             yield event
     except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
         error = error_body(exc)["error"]
@@ -229,14 +313,21 @@ async def create_response(request: Request):
             param="previous_response_id",
         )
     model = served_model(request, body.model)
-    text, prompt_ids = chat_prompt(model, _as_chat_request(body))
+    chat_request = _as_chat_request(body)
+    text, prompt_ids = chat_prompt(model, chat_request)
+    plan = ChatOutputPlan.of(model, chat_request, text, {})
     params = build_sampling_params(
-        body, len(prompt_ids), model.max_model_len, model.generation_defaults, prompt_field="input"
+        body,
+        len(prompt_ids),
+        model.max_model_len,
+        model.generation_defaults,
+        prompt_field="input",
+        structured_output=plan.structured_output,
     )
     generation = await or_disconnect(
         request, Generation.start(model, prompt_ids, params, text, started_at)
     )
-    context = _ResponseContext(body, model, params)
+    context = _ResponseContext(body, model, params, plan)
     if body.stream:
         return EventStream(_response_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())

@@ -73,6 +73,7 @@ def build_sampling_params(
     max_model_len: int,
     generation_defaults: dict | None = None,
     prompt_field: str = "messages",
+    structured_output: dict | None = None,
 ) -> SamplingParams:
     """The engine's SamplingParams for `request` on a prompt of `prompt_len` tokens.
 
@@ -87,7 +88,7 @@ def build_sampling_params(
         max_tokens = max_model_len - prompt_len
     logprobs, logprobs_field = request.requested_logprobs()
     values = _engine_fields(request, generation_defaults or {})
-    values.update(max_tokens=max_tokens, logprobs=logprobs)
+    values.update(max_tokens=max_tokens, logprobs=logprobs, structured_output=structured_output)
     renames = {"max_tokens": max_field, "logprobs": logprobs_field}
     try:
         return SamplingParams(**values)

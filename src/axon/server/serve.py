@@ -42,6 +42,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", help="the id MODEL is served under")
     parser.add_argument("--quant", help="GGUF file to pick from MODEL's repo, by substring")
     parser.add_argument("--revision", help="branch, tag or commit of MODEL's repo")
+    parser.add_argument(
+        "--chat-template", metavar="FILE", help="Jinja (or JSON) template file for MODEL's chats"
+    )
     parser.add_argument("--tensor-parallel-size", type=int, help="TP ranks for MODEL")
     parser.add_argument("--shutdown-grace", type=float, help="seconds for in-flight requests")
     parser.add_argument("--log-level", help="debug, info (default), warning, error")
@@ -66,6 +69,9 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
     flags = {name: getattr(ns, name, None) for name in _ENGINE_FLAGS}
     engine = EngineArgs.model_validate({**config.engine.engine_args(), **_set(flags)})
     models = config.default_models
+    chat_template = getattr(ns, "chat_template", None)
+    if chat_template is not None and not ns.model:
+        raise ValueError("--chat-template applies to MODEL: name the model to load with it")
     if ns.model:
         first = ModelSpec(
             model_id=ns.model,
@@ -73,6 +79,7 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
             quant=ns.quant,
             revision=ns.revision,
             tensor_parallel=ns.tensor_parallel_size,
+            chat_template=chat_template,
         )
         models = (first, *(spec for spec in models if spec.served_id != first.served_id))
     return config.with_overrides(

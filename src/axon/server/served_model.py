@@ -18,7 +18,13 @@ from axon.engine.llm import load_tokenizer
 from axon.engine.output_processor import RequestState
 from axon.sampling_params import SamplingParams
 from axon.server.errors import ContextLengthExceeded, EngineDead, ModelUnavailable, Overloaded
-from axon.tokenizer.chat_template import render_chat
+from axon.tokenizer.chat_template import (
+    ChatTemplate,
+    load_template_file,
+    render_chat,
+    resolve_chat_template,
+    warn_chatml_fallback,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +41,19 @@ def load_generation_defaults(model_path: str) -> dict:
     return {k: data[k] for k in _GENERATION_DEFAULT_KEYS if data.get(k) is not None}
 
 
+def _model_template(model_id: str, tokenizer_path: str, tokenizer, override) -> ChatTemplate | None:
+    """The model's chat template (see resolve_chat_template), also set on the tokenizer so that
+    whatever reads `tokenizer.chat_template` (the output parsers) sees the one in use."""
+    if tokenizer is None:
+        return None
+    template = resolve_chat_template(tokenizer_path, tokenizer, override)
+    if template is None:
+        warn_chatml_fallback(tokenizer, model_id)
+    else:
+        tokenizer.chat_template = template
+    return template
+
+
 class ServedModel:
     def __init__(
         self,
@@ -44,12 +63,14 @@ class ServedModel:
         tokenizer,
         model_path: str,
         server_config=None,
+        chat_template: ChatTemplate | None = None,
     ):
         self.id = model_id
         self.spec = spec
         self.client = client
         self.tokenizer = tokenizer
         self.model_path = model_path
+        self.chat_template = chat_template  # None: the renderer's ChatML fallback
         self.max_model_len: int = client.info["max_model_len"]
         self.generation_defaults = load_generation_defaults(model_path)
         self.created = int(time.time())
@@ -66,17 +87,29 @@ class ServedModel:
 
     @classmethod
     async def start(
-        cls, model_id: str, model_path: str, engine_args: dict, spec=None, server_config=None
+        cls,
+        model_id: str,
+        model_path: str,
+        engine_args: dict,
+        spec=None,
+        server_config=None,
+        chat_template: str | None = None,
     ) -> ServedModel:
-        """Spawn the engine process for `model_path` and wait until it is ready."""
+        """Spawn the engine process for `model_path` and wait until it is ready. `chat_template`
+        (default: the spec's) is a template file that overrides the model's own."""
+        override = chat_template or getattr(spec, "chat_template", None)
+        if override is not None:
+            load_template_file(override)  # a bad file fails the load before the engine starts
         config = EngineConfig.from_kwargs(str(model_path), **engine_args)
         client = await EngineClient.start(config)
         try:
-            tokenizer = await asyncio.to_thread(load_tokenizer, config.tokenizer or config.model)
+            tokenizer_path = config.tokenizer or config.model
+            tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path)
+            template = _model_template(model_id, tokenizer_path, tokenizer, override)
         except Exception:
             await client.shutdown()
             raise
-        return cls(model_id, spec, client, tokenizer, str(model_path), server_config)
+        return cls(model_id, spec, client, tokenizer, str(model_path), server_config, template)
 
     # ---- status -----------------------------------------------------------------------------
 
@@ -110,7 +143,12 @@ class ServedModel:
     ) -> str:
         """The prompt text for `messages`; raises Unprocessable(template_render_failed)."""
         return render_chat(
-            self.tokenizer, messages, tools, chat_template_kwargs, add_generation_prompt
+            self.tokenizer,
+            messages,
+            tools,
+            chat_template_kwargs,
+            add_generation_prompt,
+            chat_template=self.chat_template,
         )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -1,12 +1,28 @@
-"""Render chat messages with the model's own Jinja template (ChatML when it has none)."""
+"""Find and render the model's own Jinja chat template (ChatML only when it has none).
+
+Discovery follows transformers: `chat_template.jinja` (with named extras in
+`additional_chat_templates/*.jinja`), then `chat_template.json`, then `tokenizer_config.json`'s
+`chat_template` (a string, or the named-list form `[{"name": ..., "template": ...}]`), then what
+the tokenizer itself carries (a GGUF file's `tokenizer.chat_template`). `--chat-template FILE`
+overrides them all. Rendering goes through the tokenizer's own `apply_chat_template`, so the
+prompt is exactly what transformers renders; what axon adds is the translation of OpenAI's
+message shapes into the ones HF templates expect (see `template_messages`).
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import weakref
+from pathlib import Path
+from typing import Any
 
 from axon.server.errors import Unprocessable
 
 logger = logging.getLogger(__name__)
+
+ChatTemplate = str | dict[str, str]  # one template, or named ones ("default", "tool_use", ...)
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -14,7 +30,230 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-_warned_fallback: set[int] = set()
+TEMPLATE_FILE = "chat_template.jinja"
+TEMPLATE_DIR = "additional_chat_templates"
+LEGACY_TEMPLATE_FILE = "chat_template.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+# apply_chat_template's own parameters: a request's chat_template_kwargs must not reach them
+# (`tokenize: true` would hand back ids instead of the prompt text).
+_RESERVED_KWARGS = frozenset(
+    {
+        "conversation",
+        "tools",
+        "chat_template",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "sanitize_control_tokens",
+    }
+)
+
+_warned_fallback: weakref.WeakSet = weakref.WeakSet()
+_warned_fallback_ids: set[int] = set()  # tokenizers that cannot be weakly referenced
+
+
+# ---- discovery ------------------------------------------------------------------------------
+
+
+def named_templates(value: Any) -> ChatTemplate | None:
+    """A template value as HF stores it (a string, or a list of {name, template}) as a string or
+    a name -> template dict; None when `value` holds no template."""
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, dict) and value and all(isinstance(v, str) for v in value.values()):
+        return dict(value)
+    if isinstance(value, list) and value:
+        try:
+            return {str(item["name"]): str(item["template"]) for item in value}
+        except (TypeError, KeyError):
+            raise ValueError(
+                "a named-list chat template needs a 'name' and a 'template' in every entry"
+            ) from None
+    return None
+
+
+def _read_json_template(path: Path) -> ChatTemplate | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"chat template file {str(path)!r}: {exc}") from None
+    return named_templates(data.get("chat_template")) if isinstance(data, dict) else None
+
+
+def _read_jinja_templates(directory: Path) -> ChatTemplate | None:
+    templates: dict[str, str] = {}
+    if (directory / TEMPLATE_FILE).is_file():
+        templates["default"] = (directory / TEMPLATE_FILE).read_text(encoding="utf-8")
+    extras = directory / TEMPLATE_DIR
+    if extras.is_dir():
+        for path in sorted(extras.glob("*.jinja")):
+            templates[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
+    if list(templates) == ["default"]:
+        return templates["default"]
+    return templates or None
+
+
+def find_chat_template(model_dir: str | Path) -> ChatTemplate | None:
+    """The chat template in a model directory, by transformers' precedence; None when it has
+    none (or `model_dir` is not a directory). Raises ValueError for an unreadable file."""
+    directory = Path(model_dir)
+    if not directory.is_dir():
+        return None
+    template = _read_jinja_templates(directory)
+    if template is None and (directory / LEGACY_TEMPLATE_FILE).is_file():
+        template = _read_json_template(directory / LEGACY_TEMPLATE_FILE)
+    if template is None and (directory / TOKENIZER_CONFIG_FILE).is_file():
+        template = _read_json_template(directory / TOKENIZER_CONFIG_FILE)
+    return template
+
+
+def load_template_file(path: str | Path) -> ChatTemplate:
+    """The template in a `--chat-template` file: Jinja text, or JSON with a `chat_template` key
+    (a string or the named-list form). Raises ValueError naming the file."""
+    path = Path(path)
+    if path.suffix == ".json":
+        template = _read_json_template(path)
+    else:
+        try:
+            template = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"chat template file {str(path)!r}: {exc.strerror or exc}") from None
+    if not template:
+        raise ValueError(f"chat template file {str(path)!r} holds no template")
+    return template
+
+
+def resolve_chat_template(
+    model_path: str | Path | None, tokenizer=None, override: str | Path | None = None
+) -> ChatTemplate | None:
+    """The template a model renders with: the `override` file, else the model directory's
+    files, else the tokenizer's own (a GGUF file's metadata); None when there is none, in which
+    case the renderer falls back to ChatML. Raises ValueError for a bad override file."""
+    if override is not None:
+        return load_template_file(override)
+    if model_path is not None:
+        template = find_chat_template(model_path)
+        if template is not None:
+            return template
+    return named_templates(getattr(tokenizer, "chat_template", None))
+
+
+def select_template(template: ChatTemplate, tools: list | None = None) -> str:
+    """One template out of named ones, as transformers picks it: `tool_use` when tools are
+    given and the model has one, else `default`. Raises ValueError when neither applies."""
+    if isinstance(template, str):
+        return template
+    if tools is not None and "tool_use" in template:
+        return template["tool_use"]
+    if "default" in template:
+        return template["default"]
+    raise ValueError(
+        f"the model has several chat templates and none is 'default': {sorted(template)}"
+    )
+
+
+# ---- messages -------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def content_format(template: str) -> str:
+    """'openai' when the template loops over a message's content (it renders parts itself),
+    else 'string' (it concatenates content as text, so parts must be joined first)."""
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateSyntaxError:
+        return "string"
+    for loop in ast.find_all(nodes.For):
+        target = loop.iter
+        while isinstance(target, nodes.Filter | nodes.Test) and target.node is not None:
+            target = target.node
+        if isinstance(target, nodes.Getattr) and target.attr == "content":
+            return "openai"
+        if isinstance(target, nodes.Getitem) and getattr(target.arg, "value", None) == "content":
+            return "openai"
+        if isinstance(target, nodes.Name) and target.name == "content":
+            return "openai"
+    return "string"
+
+
+def _image_part(part: dict) -> dict:
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    return {"type": "image", "url": url}
+
+
+def _content(content: list, fmt: str) -> str | list:
+    """OpenAI content parts as the template wants them: the text joined ('string' templates; other
+    parts are dropped), or HF's part shapes (`{"type": "image", "url": ...}` for `image_url`)."""
+    if fmt == "string":
+        return "\n".join(str(part.get("text", "")) for part in content if "text" in part)
+    return [_image_part(part) if part.get("type") == "image_url" else part for part in content]
+
+
+def _tool_call(call: Any) -> Any:
+    """A tool call with JSON-string arguments (OpenAI's wire form) parsed into the mapping that HF
+    templates expect (`arguments | items`, `arguments | tojson`); invalid JSON stays a string."""
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return call
+    if not isinstance(parsed, dict):
+        return call
+    return {**call, "function": {**function, "arguments": parsed}}
+
+
+def template_messages(messages: list[dict], fmt: str = "string") -> list[dict]:
+    """Copies of OpenAI-shaped `messages` in the shapes HF templates take: content parts per
+    `fmt` (see `content_format`), tool-call arguments as mappings. Extras pass through."""
+    converted = []
+    for message in messages:
+        message = dict(message)
+        if isinstance(message.get("content"), list):
+            message["content"] = _content(message["content"], fmt)
+        if isinstance(message.get("tool_calls"), list):
+            message["tool_calls"] = [_tool_call(call) for call in message["tool_calls"]]
+        converted.append(message)
+    return converted
+
+
+# ---- rendering ------------------------------------------------------------------------------
+
+
+def warn_chatml_fallback(tokenizer, model_id: str = "the model") -> None:
+    """Log, once per tokenizer, that chats render as ChatML because there is no template."""
+    try:
+        if tokenizer in _warned_fallback:
+            return
+        _warned_fallback.add(tokenizer)
+    except TypeError:
+        if id(tokenizer) in _warned_fallback_ids:
+            return
+        _warned_fallback_ids.add(id(tokenizer))
+    logger.warning("%s has no chat template; chats render as ChatML", model_id)
+
+
+def _template_for(tokenizer, chat_template: ChatTemplate | None, tools: list | None) -> str:
+    template = chat_template or named_templates(getattr(tokenizer, "chat_template", None))
+    if template is None:
+        warn_chatml_fallback(tokenizer)
+        return CHATML_TEMPLATE
+    try:
+        return select_template(template, tools)
+    except ValueError as exc:
+        raise Unprocessable(str(exc), code="template_render_failed") from None
 
 
 def render_chat(
@@ -23,28 +262,27 @@ def render_chat(
     tools: list | None = None,
     chat_template_kwargs: dict | None = None,
     add_generation_prompt: bool = True,
+    chat_template: ChatTemplate | None = None,
 ) -> str:
-    """The prompt text. Raises Unprocessable(code="template_render_failed") when the template
-    raises."""
+    """The prompt text for OpenAI-shaped `messages`, rendered by the tokenizer's
+    `apply_chat_template` with `chat_template` (default: the tokenizer's; ChatML, warned once,
+    when there is none). `chat_template_kwargs` reach the template and override the defaults.
+    Raises Unprocessable(code="template_render_failed") naming the reason when it fails."""
     if tokenizer is None:
         raise Unprocessable("this model has no tokenizer", code="template_render_failed")
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
-        if id(tokenizer) not in _warned_fallback:
-            _warned_fallback.add(id(tokenizer))
-            logger.warning("the model has no chat template; using ChatML")
-        template = CHATML_TEMPLATE
+    template = _template_for(tokenizer, chat_template, tools)
+    extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_KWARGS}
+    kwargs = {"add_generation_prompt": add_generation_prompt, **extra}
+    conversation = template_messages(messages, content_format(template))
     try:
-        return tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            chat_template=template,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **(chat_template_kwargs or {}),
+        text = tokenizer.apply_chat_template(
+            conversation, tools=tools, chat_template=template, tokenize=False, **kwargs
         )
     except Exception as exc:  # noqa: BLE001 - any template error is the request's fault
         raise Unprocessable(
             f"chat template failed to render: {type(exc).__name__}: {exc}",
             code="template_render_failed",
         ) from exc
+    if not isinstance(text, str):
+        raise Unprocessable("chat template rendered no text", code="template_render_failed")
+    return text

@@ -1,0 +1,276 @@
+"""Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention) over per-sequence state slots.
+
+Per token and value head the recurrent state S [Dk, Dv] evolves as
+`S <- S * exp(g); S <- S + k (beta * (v - S^T k))^T; o = S^T q` (the gated delta rule). Prefill
+uses the equivalent chunked form, decode the recurrent one; both are pure PyTorch here
+(`*_ref`), with FLA's Triton kernels behind the same interface on CUDA when installed.
+
+Each running sequence owns a state slot: row `slot` of `conv_state` [slots, C, K-1] (the last
+K-1 inputs of the causal depthwise conv) and of `recurrent_state` [slots, Hv, Dk, Dv] (fp32).
+A layer reads a sequence's state at the start of its chunk and writes the final state back, so
+chunked prefill and decode continue exactly where the previous step stopped.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from axon.layers.forward_context import PrefillChunk, get_forward_context
+from axon.layers.linear import ReplicatedLinear
+
+try:  # FLA's Triton kernels: an optional GPU fast path with the same semantics
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as _fla_recurrent
+except ImportError:  # pragma: no cover - depends on the environment
+    _fla_chunk = _fla_recurrent = None
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, in fp32 (FLA's and transformers' form)."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+# ---- causal depthwise conv1d with carried state -----------------------------------------------
+
+
+def causal_conv1d_ref(
+    x: torch.Tensor,  # [T, C]
+    weight: torch.Tensor,  # [C, K]
+    conv_state: torch.Tensor | None,  # [C, K-1] inputs before x, or None for zeros
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SiLU(causal depthwise conv) of one sequence's chunk -> (out [T, C], new state [C, K-1])."""
+    channels, kernel = weight.shape
+    if conv_state is None:
+        conv_state = x.new_zeros(channels, kernel - 1)
+    padded = torch.cat([conv_state.to(x.dtype), x.t()], dim=1)  # [C, K-1+T]
+    out = F.conv1d(padded[None], weight[:, None, :], groups=channels)[0]  # [C, T]
+    return F.silu(out).t(), padded[:, padded.shape[1] - (kernel - 1) :]
+
+
+def causal_conv1d_update_ref(
+    x: torch.Tensor,  # [B, C] one new token per sequence
+    conv_state: torch.Tensor,  # [B, C, K-1]
+    weight: torch.Tensor,  # [C, K]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step of the conv for a batch of sequences -> (out [B, C], state [B, C, K-1])."""
+    window = torch.cat([conv_state.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, K]
+    out = (window * weight[None]).sum(-1)
+    return F.silu(out), window[:, :, 1:]
+
+
+# ---- the gated delta rule ---------------------------------------------------------------------
+
+
+def recurrent_gated_delta_rule_ref(
+    q: torch.Tensor,  # [B, T, H, Dk] l2-normalised
+    k: torch.Tensor,  # [B, T, H, Dk] l2-normalised
+    v: torch.Tensor,  # [B, T, H, Dv]
+    g: torch.Tensor,  # [B, T, H] log decay (<= 0)
+    beta: torch.Tensor,  # [B, T, H]
+    scale: float,
+    initial_state: torch.Tensor | None = None,  # [B, H, Dk, Dv]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token delta rule -> (o [B, T, H, Dv] in v's dtype, final state fp32)."""
+    dtype = v.dtype
+    q, k, v, g, beta = (x.transpose(1, 2).float() for x in (q, k, v, g, beta))  # [B, H, T, ...]
+    q = q * scale
+    batch, heads, length, k_dim = k.shape
+    if initial_state is None:
+        state = q.new_zeros(batch, heads, k_dim, v.shape[-1])
+    else:
+        state = initial_state.float()
+    out = torch.empty_like(v)
+    for t in range(length):
+        state = state * g[:, :, t].exp()[..., None, None]
+        kv_mem = (state * k[:, :, t, :, None]).sum(-2)  # [B, H, Dv]
+        delta = (v[:, :, t] - kv_mem) * beta[:, :, t, None]
+        state = state + k[:, :, t, :, None] * delta[:, :, None, :]
+        out[:, :, t] = (state * q[:, :, t, :, None]).sum(-2)
+    return out.transpose(1, 2).to(dtype), state
+
+
+def _chunk_prepare(q, k, v, g, beta, scale: float, chunk_size: int):
+    """Pad to whole chunks and build the intra-chunk terms (the UT transform)."""
+    q, k, v, g, beta = (x.transpose(1, 2).float() for x in (q, k, v, g, beta))  # [B, H, T, ...]
+    pad = (-q.shape[2]) % chunk_size
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    shape = (*q.shape[:2], -1, chunk_size)  # [B, H, N, C]
+    q, k = (x.reshape(*shape, x.shape[-1]) for x in (q * scale, k))
+    v_beta = (v * beta[..., None]).reshape(*shape, v.shape[-1])
+    k_beta = k * beta.reshape(shape)[..., None]
+    g = g.reshape(shape).cumsum(-1)  # cumulative log decay inside each chunk
+    upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    system = (k_beta @ k.transpose(-1, -2)) * decay  # [B, H, N, C, C]
+    values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_decayed = k_beta * g.exp()[..., None]
+    k_cumdecay = torch.linalg.solve_triangular(system, k_decayed, upper=False, unitriangular=True)
+    intra = (q @ k.transpose(-1, -2)) * decay
+    return q, k, g, values, k_cumdecay, intra
+
+
+def chunk_gated_delta_rule_ref(
+    q: torch.Tensor,  # [B, T, H, Dk] l2-normalised
+    k: torch.Tensor,  # [B, T, H, Dk] l2-normalised
+    v: torch.Tensor,  # [B, T, H, Dv]
+    g: torch.Tensor,  # [B, T, H]
+    beta: torch.Tensor,  # [B, T, H]
+    scale: float,
+    initial_state: torch.Tensor | None = None,  # [B, H, Dk, Dv]
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule a chunk at a time (transformers' torch_chunk_gated_delta_rule) ->
+    (o [B, T, H, Dv], final state [B, H, Dk, Dv] fp32)."""
+    length, dtype = q.shape[1], v.dtype
+    q, k, g, values, k_cumdecay, intra = _chunk_prepare(q, k, v, g, beta, scale, chunk_size)
+    batch, heads, num_chunks = q.shape[:3]
+    if initial_state is None:
+        state = q.new_zeros(batch, heads, k.shape[-1], values.shape[-1])
+    else:
+        state = initial_state.float()
+    q = q * g.exp()[..., None]
+    k = k * (g[..., -1:] - g).exp()[..., None]
+    chunk_decay = g[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
+    out = torch.empty_like(values)  # [B, H, N, C, Dv]
+    for i in range(num_chunks):
+        v_new = values[:, :, i] - k_cumdecay[:, :, i] @ state
+        out[:, :, i] = q[:, :, i] @ state + intra[:, :, i] @ v_new
+        state = state * chunk_decay[:, :, i] + k[:, :, i].transpose(-1, -2) @ v_new
+    out = out.reshape(batch, heads, -1, out.shape[-1])[:, :, :length]
+    return out.transpose(1, 2).to(dtype), state
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale: float, initial_state=None):
+    """Prefill form; FLA's kernel on CUDA when installed, else the reference."""
+    if _fla_chunk is not None and q.is_cuda:
+        return _fla_chunk(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True
+        )
+    return chunk_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state)
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, scale: float, initial_state=None):
+    """Decode form; FLA's kernel on CUDA when installed, else the reference."""
+    if _fla_recurrent is not None and q.is_cuda:
+        return _fla_recurrent(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True
+        )
+    return recurrent_gated_delta_rule_ref(q, k, v, g, beta, scale, initial_state)
+
+
+# ---- the mixer --------------------------------------------------------------------------------
+
+
+class RMSNormGated(nn.Module):
+    """RMSNorm(x) * w * silu(gate), norm before gate (Qwen3NextRMSNormGated; weight init 1)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight * h.to(dtype)
+        return (h * F.silu(gate.float())).to(dtype)
+
+
+class DepthwiseConv1d(nn.Module):
+    """Holds the conv weight [C, 1, K] under the checkpoint's name (`conv1d.weight`)."""
+
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size), requires_grad=False)
+
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's linear-attention mixer: [T, hidden] -> [T, hidden] over state slots."""
+
+    def __init__(self, config):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_k_heads = config.linear_num_key_heads
+        self.num_v_heads = config.linear_num_value_heads
+        self.head_k_dim = config.linear_key_head_dim
+        self.head_v_dim = config.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_kernel_size = config.linear_conv_kernel_dim
+        self.scale = self.head_k_dim**-0.5
+        self.in_proj_qkv = ReplicatedLinear(hidden, self.conv_dim)
+        self.in_proj_z = ReplicatedLinear(hidden, self.value_dim)
+        self.in_proj_b = ReplicatedLinear(hidden, self.num_v_heads)
+        self.in_proj_a = ReplicatedLinear(hidden, self.num_v_heads)
+        self.conv1d = DepthwiseConv1d(self.conv_dim, self.conv_kernel_size)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads), requires_grad=False)
+        self.norm = RMSNormGated(self.head_v_dim, config.rms_norm_eps)
+        self.out_proj = ReplicatedLinear(self.value_dim, hidden)
+        self.conv_state = torch.empty(0)  # [slots, C, K-1], bound by the runner
+        self.recurrent_state = torch.empty(0)  # [slots, Hv, Dk, Dv] fp32, bound by the runner
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per-slot shapes of the conv state and the recurrent state."""
+        conv = (self.conv_dim, self.conv_kernel_size - 1)
+        return conv, (self.num_v_heads, self.head_k_dim, self.head_v_dim)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        meta = get_forward_context()
+        num_tokens = hidden.shape[0]
+        mixed = self.in_proj_qkv(hidden)  # [T, C]
+        z = self.in_proj_z(hidden).view(num_tokens, self.num_v_heads, self.head_v_dim)
+        beta = self.in_proj_b(hidden).sigmoid()  # [T, Hv]
+        a = self.in_proj_a(hidden).float()
+        g = -self.A_log.float().exp() * F.softplus(a + self.dt_bias.float())  # [T, Hv]
+        core = hidden.new_empty(num_tokens, self.num_v_heads, self.head_v_dim)
+        for chunk in meta.prefills:
+            rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+            core[rows] = self._prefill(chunk, mixed[rows], g[rows], beta[rows])
+        if meta.decode_token_index is not None:
+            rows = meta.decode_token_index
+            core[rows] = self._decode(meta.decode_state_slots, mixed[rows], g[rows], beta[rows])
+        core = self.norm(core, z)
+        return self.out_proj(core.view(num_tokens, -1))
+
+    def _heads(self, mixed: torch.Tensor):
+        """Split conv output [N, C] into q, k [N, Hv, Dk] (l2-normalised, repeated over the
+        value heads) and v [N, Hv, Dv]."""
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2norm(q.reshape(-1, self.num_k_heads, self.head_k_dim))
+        k = l2norm(k.reshape(-1, self.num_k_heads, self.head_k_dim))
+        ratio = self.num_v_heads // self.num_k_heads
+        if ratio > 1:  # value head h reads key head h // ratio
+            q, k = q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
+        return q, k, v.reshape(-1, self.num_v_heads, self.head_v_dim)
+
+    def _prefill(self, chunk: PrefillChunk, mixed, g, beta) -> torch.Tensor:
+        slot, resume = chunk.state_slot, chunk.has_initial_state
+        weight = self.conv1d.weight[:, 0]  # [C, K]
+        conv_in = self.conv_state[slot] if resume else None
+        mixed, self.conv_state[slot] = causal_conv1d_ref(mixed, weight, conv_in)
+        q, k, v = self._heads(mixed)
+        initial = self.recurrent_state[slot : slot + 1] if resume else None
+        out, state = chunk_gated_delta_rule(
+            q[None], k[None], v[None], g[None], beta[None], self.scale, initial
+        )
+        self.recurrent_state[slot] = state[0]
+        return out[0]
+
+    def _decode(self, slots: torch.Tensor, mixed, g, beta) -> torch.Tensor:
+        weight = self.conv1d.weight[:, 0]
+        mixed, conv = causal_conv1d_update_ref(mixed, self.conv_state[slots], weight)
+        self.conv_state.index_copy_(0, slots, conv.to(self.conv_state.dtype))
+        q, k, v = self._heads(mixed)
+        out, state = recurrent_gated_delta_rule(
+            q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], self.scale,
+            self.recurrent_state[slots],
+        )  # fmt: skip
+        self.recurrent_state.index_copy_(0, slots, state)
+        return out[:, 0]

@@ -1,0 +1,112 @@
+"""Qwen3.5 text stack (`qwen3_5`, `qwen3_5_text`): a hybrid of Gated DeltaNet layers and gated
+full attention, per the config's `layer_types` (three linear layers to one full by default).
+
+Full-attention layers: `q_proj` yields per head a query and an output gate (interleaved per
+head), q/k RMSNorms, partial rotary, `attn * sigmoid(gate)` before `o_proj`; only these layers
+hold paged KV. Every RMSNorm outside the GDN mixer is zero-centred, `x̂ * (1 + w)`. The MLP is a
+dense SwiGLU. A `Qwen3_5ForConditionalGeneration` checkpoint loads text-only: its
+`model.language_model.*` weights are the text model, `model.visual.*` and `mtp.*` are skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from axon.distributed.parallel_state import get_tp_size
+from axon.layers.attention import Attention
+from axon.layers.linear import QKVParallelLinear, RowParallelLinear
+from axon.layers.linear_attention import GatedDeltaNet
+from axon.layers.norm import RMSNorm
+from axon.layers.rotary import RotaryEmbedding
+from axon.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
+from axon.models.utils import head_dim_of, rope_params_of
+
+
+def rotary_dim_of(config, head_dim: int) -> int:
+    """Rotated channels per head: `head_dim * partial_rotary_factor` (0.25 for Qwen3.5)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    return int(head_dim * factor)
+
+
+class Qwen3_5Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.head_dim = head_dim_of(config)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        bias = getattr(config, "attention_bias", False)
+        # q_proj is [query_h | gate_h] per head: as 2H "heads" it fuses like any q projection.
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, self.head_dim, 2 * self.num_heads, self.num_kv_heads, bias
+        )
+        self.o_proj = RowParallelLinear(self.num_heads * self.head_dim, config.hidden_size, bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
+        self.rotary_emb = RotaryEmbedding(
+            self.head_dim,
+            rotary_dim_of(config, self.head_dim),
+            config.max_position_embeddings,
+            rope_params_of(config),
+        )
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q_size, kv_size = 2 * self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q_gate, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
+        q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = self.q_norm(q)  # [T, H, D]
+        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q.contiguous(), k, v)  # [T, H * D]
+        return self.o_proj(out * torch.sigmoid(gate.reshape(num_tokens, -1)))
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        if self.layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config)
+        elif self.layer_type == "full_attention":
+            self.self_attn = Qwen3_5Attention(config)
+        else:
+            raise ValueError(f"unsupported qwen3_5 layer type {self.layer_type!r}")
+        self.mlp = LlamaMLP(config)
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(size, eps, unit_offset=True)
+        self.post_attention_layernorm = RMSNorm(size, eps, unit_offset=True)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        normed = self.input_layernorm(hidden)
+        if self.layer_type == "linear_attention":
+            hidden = hidden + self.linear_attn(normed)
+        else:
+            hidden = hidden + self.self_attn(positions, normed)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Qwen3_5TextModel(LlamaModel):
+    norm_unit_offset = True
+
+
+class Qwen3_5ForCausalLM(LlamaForCausalLM):
+    """Text-only Qwen3.5 for a `qwen3_5_text` config or a multimodal `qwen3_5` one."""
+
+    model_cls = Qwen3_5TextModel
+    layer_cls = Qwen3_5DecoderLayer
+    checkpoint_prefixes = {"model.language_model.": "model."}
+    ignored_checkpoint_prefixes = ("model.visual.", "mtp.")
+
+    def __init__(self, config):
+        if get_tp_size() > 1:
+            raise ValueError("qwen3_5 does not support tensor parallelism yet (use tp size 1)")
+        # A multimodal config decides tying at its top level, as transformers does.
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        text_config = config.get_text_config()
+        text_config.tie_word_embeddings = tied
+        super().__init__(text_config)
+        self.tie_word_embeddings = tied

@@ -1,0 +1,103 @@
+"""`SamplingParams.structured_output` -> an llguidance Lark grammar.
+
+    {"type": "json_object"}                          any JSON object
+    {"type": "json_schema", "schema": {...}}         JSON valid under the schema
+    {"type": "tool_call", "format": "hermes" | "qwen3_coder",
+     "tools": [{"name", "parameters"}], "parallel": bool}
+                                                     one call (or several, when parallel) in
+                                                     the model family's own markup
+
+Any of them may carry "thinking": "optional" (the output may open with a `<think>…</think>`
+block, left free) or "started" (the prompt opened it: the output starts inside it). JSON is
+generated compactly (`{"a": 1, "b": 2}`): free whitespace lets a weak model loop on newlines.
+"""
+
+from __future__ import annotations
+
+import json
+
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# The markers are single (added) tokens, which llguidance names `<think>` outside quotes; free
+# text cannot contain them, so a greedy think_text still ends at `</think>`.
+_THINK = {
+    "optional": "start: (<think> think_text </think> /[ \\t\\n]*/)? body",
+    "started": "start: think_text </think> /[ \\t\\n]*/ body",
+}
+
+
+def _json(schema: dict) -> str:
+    """An inline `%json{…}` of `schema`, in the compact style."""
+    styled = dict(schema)
+    styled["x-guidance"] = {**_JSON_STYLE, **(schema.get("x-guidance") or {})}
+    return "%json " + json.dumps(styled, ensure_ascii=False)
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _hermes_call(tool: dict) -> str:
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"const": tool["name"]},
+            "arguments": tool.get("parameters") or {"type": "object"},
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+    return f'<tool_call> "\\n" {_json(schema)} "\\n" </tool_call>'
+
+
+def _xml_call(tool: dict, rule: str) -> tuple[str, list[str]]:
+    """The call's expression and the rules its parameters need."""
+    parameters = tool.get("parameters") or {}
+    required = set(parameters.get("required") or [])
+    parts, rules = [], []
+    for number, (key, schema) in enumerate((parameters.get("properties") or {}).items()):
+        value = f"{rule}_{number}"
+        if isinstance(schema, dict) and schema.get("type") == "string" and "enum" not in schema:
+            # Lazy: the shortest text up to the closing tag, which the value includes.
+            rules.append(f"{value}[lazy]: /(.|\\n)*\\n<\\/parameter>\\n/")
+        else:
+            json_value = _json(schema if isinstance(schema, dict) else {})
+            rules.append(f'{value}: {json_value} "\\n</parameter>\\n"')
+        part = f"{_literal(f'<parameter={key}>{chr(10)}')} {value}"
+        parts.append(part if key in required else f"({part})?")
+    head = _literal(f"\n<function={tool['name']}>\n")
+    return f'<tool_call> {head} {" ".join(parts)} "</function>\\n" </tool_call>', rules
+
+
+def _tool_call_body(spec: dict) -> list[str]:
+    """Rules of `body`: one call to any of the tools, or several when parallel."""
+    calls, rules = [], []
+    for number, tool in enumerate(spec["tools"]):
+        if spec["format"] == "hermes":
+            calls.append(_hermes_call(tool))
+        else:
+            expression, extra = _xml_call(tool, f"p{number}")
+            calls.append(expression)
+            rules += extra
+    rules.append("call: " + " | ".join(f"({c})" for c in calls))
+    rules.append('body: call ("\\n" call)*' if spec.get("parallel") else "body: call")
+    return rules
+
+
+def build_grammar(spec: dict) -> str:
+    """The llguidance grammar (serialized) that `spec` describes."""
+    from llguidance import LLMatcher
+
+    kind = spec["type"]
+    if kind == "json_object":
+        rules = [f"body: {_json({'type': 'object'})}"]
+    elif kind == "json_schema":
+        rules = [f"body: {_json(spec['schema'])}"]
+    elif kind == "tool_call":
+        rules = _tool_call_body(spec)
+    else:
+        raise ValueError(f"unknown structured output type {kind!r}")
+    thinking = spec.get("thinking")
+    start = _THINK.get(thinking, "start: body")
+    if thinking in _THINK:
+        rules.append("think_text: /(.|\\n)*/")
+    return LLMatcher.grammar_from_lark("\n".join([start, *rules]))

@@ -1,0 +1,86 @@
+"""A tiny random Qwen3 whose byte-level tokenizer can spell any text and has the marker tokens
+(`<think>`, `</think>`, `<tool_call>`, `</tool_call>`), and an `axon serve` running it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.server.conftest import start_server, stop_server
+
+MODEL_ID = "tiny-qwen3"  # the name start_server serves
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+VOCAB_SIZE = 320  # 256 bytes + 7 added tokens, padded
+EOS_ID = 256 + SPECIALS.index("<|im_end|>")
+CHAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}"
+    "{% endfor %}</tools>\nCall a tool as <tool_call>{json}</tool_call>.<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}"
+)
+
+
+def byte_tokenizer():
+    """Byte-level BPE without merges: one token per byte, plus the special and marker tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {char: i for i, char in enumerate(sorted(ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIALS)})
+    tokenizer.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def write_byte_model(path: Path) -> Path:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=EOS_ID,
+    )
+    Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID}))
+    byte_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def byte_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_byte_model(tmp_path_factory.mktemp("tiny_byte_qwen3"))
+
+
+@pytest.fixture(scope="session")
+def byte_server(byte_model: Path):
+    running = start_server(byte_model)
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture()
+def byte_client(byte_server):
+    from openai import OpenAI
+
+    with OpenAI(base_url=byte_server.openai_url, api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
