@@ -165,9 +165,8 @@ def test_abort_frees_the_slot(tiny):
     assert engine.state_slots.num_free_slots == 2
 
 
-def test_text_load_skips_vision_and_mtp(tiny):
-    if tiny.arch != "qwen3_5":
-        pytest.skip("multimodal checkpoint only")
+def test_text_load_skips_vision_and_mtp(tiny_model_root):
+    tiny = get_qwen3_5("qwen3_5", tiny_model_root)  # the multimodal checkpoint
     llm = _llm(tiny)
     names = {name for name, _ in llm.engine.runner.model.named_parameters()}
     assert not any("visual" in n or n.startswith("mtp") for n in names)
