@@ -34,7 +34,6 @@ import logging
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -200,7 +199,7 @@ def weight_bytes(model_dir: Path) -> tuple[int, int]:
     total = embed = 0
     for path in sorted(model_dir.glob("*.safetensors")):
         with safe_open(path, framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 sl = f.get_slice(name)
                 numel = 1
                 for d in sl.get_shape():
@@ -280,8 +279,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch.set_num_threads for both engines (default: torch's default, one per core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads for both engines (default: torch's default, one per core)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument(
         "--quick", action="store_true", help="small smoke run (8 requests, short lengths)"
@@ -325,8 +328,10 @@ def main(argv=None) -> int:
         f"transformers {__import__('transformers').__version__}",
         "model": f"Qwen3 random, {MODEL_SHAPE}, fp32, {total_bytes / 1e9:.3f} GB params, "
         f"{read_bytes / 1e9:.3f} GB read per decode step",
-        "workload": f"{args.num_requests} requests, prompt {args.prompt_len[0]}-{args.prompt_len[1]} "
-        f"(total {sum(map(len, work.prompts))} tokens), output {args.output_len[0]}-{args.output_len[1]} "
+        "workload": f"{args.num_requests} requests, "
+        f"prompt {args.prompt_len[0]}-{args.prompt_len[1]} "
+        f"(total {sum(map(len, work.prompts))} tokens), "
+        f"output {args.output_len[0]}-{args.output_len[1]} "
         f"(total {work.num_output_tokens} tokens), greedy, ignore_eos, seed {args.seed}",
     }
     for k, v in res.info.items():
@@ -381,7 +386,8 @@ def main(argv=None) -> int:
     print(
         f"batch-1 decode: axon 1 token {a1:.3f}s, {N} tokens {an:.3f}s -> {axon_decode:.2f} tok/s; "
         f"transformers {h1:.3f}s / {hn:.3f}s -> {hf_decode:.2f} tok/s "
-        f"(all runs: {json.dumps({k: [round(x, 3) for x in v] for k, v in times.items()})}) {ph_decode}",
+        f"(all runs: {json.dumps({k: [round(x, 3) for x in v] for k, v in times.items()})}) "
+        f"{ph_decode}",
         flush=True,
     )
 
@@ -390,12 +396,12 @@ def main(argv=None) -> int:
     half = len(subset) // 2
     hf_seq = {}
 
-    def run_hf_subset(indices: list[int]) -> None:
+    def run_hf_subset(model, indices: list[int]) -> None:
         for i in indices:
-            hf_seq[i] = hf_one(hf, work.prompts[i], work.output_lens[i])
+            hf_seq[i] = hf_one(model, work.prompts[i], work.output_lens[i])
 
     with Phase("hf per-request, first half") as ph_seq1:
-        run_hf_subset(subset[:half])
+        run_hf_subset(hf, subset[:half])
     print(f"transformers per-request: first {half} requests done {ph_seq1}", flush=True)
 
     llm.engine.reset_prefix_cache()
@@ -420,20 +426,22 @@ def main(argv=None) -> int:
             computed += len(outs) * max(outs)
     hf_pad_tps = work.num_output_tokens / t_pad
     print(
-        f"transformers padded (batch {hf_batch}): {work.num_output_tokens} useful of {computed} generated "
+        f"transformers padded (batch {hf_batch}): {work.num_output_tokens} useful of {computed} "
+        f"generated "
         f"tokens in {t_pad:.2f}s = {hf_pad_tps:.1f} useful tok/s {ph_pad}",
         flush=True,
     )
 
     with Phase("hf per-request, second half") as ph_seq2:
-        run_hf_subset(subset[half:])
+        run_hf_subset(hf, subset[half:])
     t_sub = sum(hf_seq[i][0] for i in subset)
     agree = sum(hf_seq[i][1] == axon_tokens[i] for i in subset)
     sub_tokens = sum(work.output_lens[i] for i in subset)
     hf_seq_tps = sub_tokens / t_sub
     print(
         f"transformers per-request: {sub_tokens} tokens ({len(subset)} requests) in {t_sub:.2f}s = "
-        f"{hf_seq_tps:.1f} tok/s; greedy outputs identical to axon: {agree}/{len(subset)} {ph_seq2}",
+        f"{hf_seq_tps:.1f} tok/s; greedy outputs identical to axon: {agree}/{len(subset)} "
+        f"{ph_seq2}",
         flush=True,
     )
     del llm, hf
@@ -455,15 +463,19 @@ def main(argv=None) -> int:
         "| metric | axon | transformers | ratio | target | met |",
         "|---|---:|---:|---:|---:|:---:|",
         f"| output tok/s, {n} requests: axon all at once vs transformers one request at a time "
-        f"(transformers rate measured on {len(subset)} of the {n}) | {fmt(axon_tps)} | {fmt(hf_seq_tps)} "
+        f"(transformers rate measured on {len(subset)} of the {n}) "
+        f"| {fmt(axon_tps)} | {fmt(hf_seq_tps)} "
         f"| {r1:.2f}x | >= {TARGET_VS_PER_REQUEST:.1f}x | {met(r1, TARGET_VS_PER_REQUEST)} |",
-        f"| output tok/s, {n} requests: axon all at once vs transformers padded batch of {hf_batch} "
+        f"| output tok/s, {n} requests: axon all at once vs transformers padded batch of "
+        f"{hf_batch} "
         f"(useful tokens only; {computed} generated) | {fmt(axon_tps)} | {fmt(hf_pad_tps)} "
         f"| {r2:.2f}x | >= {TARGET_VS_PADDED:.1f}x | {met(r2, TARGET_VS_PADDED)} |",
-        f"| batch-1 decode tok/s ({args.decode_prompt_len}-token prompt, tokens 2..{args.decode_tokens}) "
+        f"| batch-1 decode tok/s ({args.decode_prompt_len}-token prompt, "
+        f"tokens 2..{args.decode_tokens}) "
         f"| {fmt(axon_decode, 2)} | {fmt(hf_decode, 2)} | {r3:.2f}x | >= {TARGET_DECODE:.1f}x "
         f"| {met(r3, TARGET_DECODE)} |",
-        f"| batch-1 decode achieved weight bandwidth, GB/s ({read_bytes / 1e9:.3f} GB read per step) "
+        f"| batch-1 decode achieved weight bandwidth, GB/s "
+        f"({read_bytes / 1e9:.3f} GB read per step) "
         f"| {fmt(bw_axon, 2)} | {fmt(bw_hf, 2)} | {r3:.2f}x | | |",
         f"| info: output tokens per process-CPU-second, axon batched vs transformers one at a time "
         f"| {fmt(cpu_axon, 2)} | {fmt(cpu_seq, 2)} | {cpu_axon / cpu_seq:.2f}x | | |",
@@ -474,7 +486,8 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     print()
     print(
-        f"raw: axon batched {t_axon:.2f}s for {work.num_output_tokens} tokens; transformers per-request "
+        f"raw: axon batched {t_axon:.2f}s for {work.num_output_tokens} tokens; "
+        f"transformers per-request "
         f"{t_sub:.2f}s for {sub_tokens} tokens; transformers padded {t_pad:.2f}s; batch-1 axon "
         f"{a1:.3f}s/{an:.3f}s, transformers {h1:.3f}s/{hn:.3f}s (1/{args.decode_tokens} tokens); "
         f"greedy agreement on the subset {agree}/{len(subset)}; axon preemptions {preemptions}"

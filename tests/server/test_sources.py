@@ -355,3 +355,16 @@ def test_revision_is_passed_through(hub, hf_env):
     path = resolve_model(ModelSpec(model_id="org/revs@v2"), ServerConfig())
     assert any(p == "/api/models/org/revs/revision/v2" for _, p, _ in mock.requests)
     assert (hf_env / "models--org--revs" / "refs" / "v2").read_text() == path.name
+
+
+def test_local_directory_quant_pick(tmp_path):
+    for name in GGUF_FILES:
+        (tmp_path / name).write_bytes(b"x")
+    spec = ModelSpec(model_id=str(tmp_path), quant="q8_0")
+    assert resolve_model(spec, ServerConfig()) == tmp_path.resolve() / "Qwen3-0.6B-Q8_0.gguf"
+    with pytest.raises(Unprocessable) as info:
+        resolve_model(ModelSpec(model_id=str(tmp_path), quant="Q4_K_S"), ServerConfig())
+    body = info.value.body()["error"]
+    assert info.value.status_code == 422 and body["kind"] == "quant_not_found"
+    assert body["available"] == ["F16", "Q4_K_M", "Q8_0"] and body["suggestion"] == "Q4_K_M"
+    assert "did you mean 'Q4_K_M'" in body["message"]

@@ -36,6 +36,22 @@ def attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+
+
+def gather_slots(cache: torch.Tensor, slots: torch.Tensor, name: str) -> torch.Tensor:
+    """cache[slots] ([Bd, C, Hkv, D]) written into a scratch buffer reused by every layer and
+    step: a fresh 30+ MB tensor per layer costs page faults that outweigh the copy itself."""
+    numel = slots.numel() * cache[0].numel()
+    key = (name, cache.device, cache.dtype)
+    buffer = _SCRATCH.get(key)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _SCRATCH[key] = torch.empty(numel, dtype=cache.dtype, device=cache.device)
+    out = buffer[:numel].view(slots.numel(), *cache.shape[1:])
+    torch.index_select(cache, 0, slots.view(-1), out=out)
+    return out.view(*slots.shape, *cache.shape[1:])
+
+
 class Attention(nn.Module):
     def __init__(
         self,
@@ -89,8 +105,8 @@ class Attention(nn.Module):
     def _decode(self, meta: AttentionMetadata, q: torch.Tensor) -> torch.Tensor:
         batch = q.shape[0]
         qg = q.view(batch, self.num_kv_heads, self.group, self.head_dim)  # [Bd, Hkv, G, D]
-        k = self.k_cache[meta.decode_key_slots].transpose(1, 2)  # [Bd, Hkv, C, D]
-        v = self.v_cache[meta.decode_key_slots].transpose(1, 2)
+        k = gather_slots(self.k_cache, meta.decode_key_slots, "k").transpose(1, 2)  # [Bd,Hkv,C,D]
+        v = gather_slots(self.v_cache, meta.decode_key_slots, "v").transpose(1, 2)
         mask = meta.decode_mask(self.sliding_window)[:, None, None, :]  # [Bd, 1, 1, C]
         o = attend(qg, k, v, mask, self.scale, self.logit_softcap)
         return o.reshape(batch, self.num_heads, self.head_dim)

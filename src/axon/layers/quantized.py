@@ -3,8 +3,11 @@
 `QuantizedTensor` is what the GGUF loader yields for a weight that stays quantized. A layer that
 receives one builds a `QuantizedMatmul`, which picks the kernel for the format:
 
-- int4:    Q4_0 Q4_1 Q4_K (exact), Q8_0 Q5_0 Q5_1 Q5_K Q6_K (split into two int4 pieces), through
-           torch's int4 weight-only kernel with bf16 activations (see kernels/ggml_int4.py);
+- ggml:    Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K read in place from the GGUF bytes with float32
+           activations by a small C kernel (kernels/ggml_cpu.py): no second copy, and the same
+           float32 math as transformers on the dequantized weights;
+- int4:    the same formats through torch's int4 weight-only kernel with bf16 activations, where
+           the C kernel cannot be built (no C compiler; see kernels/ggml_int4.py);
 - dense:   F16 / BF16 kept in their own dtype, activations cast to it;
 - dequant: any other supported format (Q2_K, Q3_K), dequantized on every call: correct, slow.
 
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from torch import nn
 
+from axon.kernels import ggml_cpu
 from axon.kernels.ggml_dequant import dequantize_rows_ref
 from axon.kernels.ggml_int4 import INT4_TYPES, Int4Weight, int4_matmul, repack_int4
 
@@ -60,7 +64,10 @@ class QuantizedMatmul(nn.Module):
         super().__init__()
         self.ggml_type = qt.ggml_type
         self.out_features, self.in_features = qt.shape
-        if qt.ggml_type in INT4_TYPES:
+        if ggml_cpu.supports(qt.ggml_type):
+            self.kind = "ggml"
+            self.register_buffer("raw", qt.data)  # the GGUF bytes, shared with an embedding
+        elif qt.ggml_type in INT4_TYPES:
             self.kind = "int4"
             weight = repack_int4(qt.data, qt.ggml_type, self.out_features)
             self.register_buffer("packed", weight.packed)
@@ -74,6 +81,8 @@ class QuantizedMatmul(nn.Module):
             self.register_buffer("raw", qt.data)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "ggml" and x.device.type == "cpu":
+            return ggml_cpu.ggml_matmul(x, self.raw, self.ggml_type, self.in_features).to(x.dtype)
         if self.kind == "int4":
             weight = Int4Weight(self.packed, self.scales_and_zeros, *self._layout)
             return int4_matmul(x, weight)  # [T, N]

@@ -46,11 +46,11 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim
-        inv_freq = rope_inv_freq(rotary_dim, params)
-        positions = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)  # [P, rotary_dim / 2]
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.max_position = max_position
+        # cos / sin are computed per step from the positions, as transformers does: a table for
+        # every position costs 4 * max_position * rotary_dim bytes per layer (576 MiB for
+        # gemma-3-270m's 32k context over 18 layers, more than its whole GGUF file).
+        self.register_buffer("inv_freq", rope_inv_freq(rotary_dim, params), persistent=False)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
@@ -59,6 +59,6 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((out, rest), dim=-1) if rest.numel() else out
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, rotary_dim / 2]
-        sin = self.sin[positions].unsqueeze(1)
+        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [T, rotary_dim / 2]
+        cos, sin = freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)  # [T, 1, rotary_dim / 2]
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

@@ -16,7 +16,7 @@ def load_hf_config(path: str):
         from axon.loader.gguf import open_gguf
         from axon.loader.gguf_config import gguf_to_hf_config
 
-        return gguf_to_hf_config(open_gguf(path))
+        return gguf_to_hf_config(open_gguf(str(path)))
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(path)
@@ -25,9 +25,9 @@ def load_hf_config(path: str):
 def iterate_weights(path: str) -> Iterator[tuple[str, object]]:
     """(hf_name, tensor) pairs of a model directory or GGUF file (QuantizedTensors for GGUF)."""
     if is_gguf(path):
-        from axon.loader.gguf import iterate_gguf, open_gguf
+        from axon.loader.gguf import iterate_gguf_file
 
-        return iterate_gguf(open_gguf(path))
+        return iterate_gguf_file(path)
     from axon.loader.safetensors import iterate_safetensors
 
     return iterate_safetensors(path)

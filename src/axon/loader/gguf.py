@@ -10,6 +10,11 @@ q/k for its interleaved RoPE (we use the neox layout), and for Gemma it stores R
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import gc
 import re
 from collections.abc import Iterator
 
@@ -50,8 +55,33 @@ _GEMMA3_LAYER_NAMES = {
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
+@functools.lru_cache(maxsize=1)
 def open_gguf(path: str) -> GGUFReader:
+    """The reader of `path`, kept for the next call: parsing the metadata of a 262k-token vocab
+    takes gguf-py seconds, and a load reads the config and then the weights. The weights'
+    iterator drops it, so the file's pages are no longer mapped once the model is loaded."""
     return GGUFReader(path, "r")
+
+
+def iterate_gguf_file(path: str) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    """`iterate_gguf` of the file at `path`; forgets the cached reader when done."""
+    try:
+        yield from iterate_gguf(open_gguf(str(path)))
+    finally:
+        open_gguf.cache_clear()
+        release_freed_memory()
+
+
+def release_freed_memory() -> None:
+    """Hand the heap that parsing freed back to the OS. gguf-py's reader makes millions of small
+    numpy objects for a large vocab (about 700 MiB for gemma-3's 262k tokens); once freed, glibc
+    keeps most of that heap resident unless asked to trim it."""
+    gc.collect()
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
+        ctypes.CDLL(libc_name).malloc_trim(0)
 
 
 def field_value(reader: GGUFReader, key: str, default=None):

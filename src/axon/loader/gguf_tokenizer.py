@@ -11,7 +11,11 @@ def load_gguf_tokenizer(path: str | Path):
     """A PreTrainedTokenizerFast for the GGUF file at `path` (offline)."""
     from transformers import AutoTokenizer
 
+    from axon.loader.gguf import release_freed_memory
+
     path = Path(path)
     if (path.parent / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(str(path.parent))
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    release_freed_memory()  # transformers parsed the whole file's metadata for it
+    return tokenizer

@@ -48,6 +48,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, help="TP ranks for MODEL")
     parser.add_argument("--shutdown-grace", type=float, help="seconds for in-flight requests")
     parser.add_argument("--log-level", help="debug, info (default), warning, error")
+    parser.add_argument(
+        "--no-demo",
+        action="store_true",
+        help="with no MODEL and no default_models, start empty instead of serving the demo model",
+    )
     group = parser.add_argument_group("engine defaults (every model; a load spec overrides them)")
     group.add_argument("--dtype", help="auto, float32, bfloat16, float16")
     group.add_argument("--max-model-len", type=int, help="longest prompt + output")
@@ -93,6 +98,19 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
     )
 
 
+def with_demo_default(config: ServerConfig, ns: argparse.Namespace) -> ServerConfig:
+    """`config`, serving the embedded demo model (gemma-3-270m Q4_K_M, assembled into the cache
+    on first use) when neither MODEL nor default_models names one and --no-demo is not given."""
+    if ns.model or config.default_models or getattr(ns, "no_demo", False):
+        return config
+    from axon.demo import DEMO_MODEL_ID, demo_model_path
+
+    path = demo_model_path()
+    print(f"axon: no model given: serving {DEMO_MODEL_ID} ({path})", file=sys.stderr, flush=True)
+    spec = ModelSpec(model_id=str(path), served_model_name=DEMO_MODEL_ID)
+    return config.with_overrides(default_models=(spec,))
+
+
 def _set(values: dict) -> dict:
     return {key: value for key, value in values.items() if value is not None}
 
@@ -105,6 +123,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         config = config_from_namespace(ns)
     except ValidationError as exc:
         raise ValueError(str(exc)) from None
+    config = with_demo_default(config, ns)
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -1,0 +1,269 @@
+"""axon against llama.cpp on the same GGUF file, same prompts, same machine, same run.
+
+For each model it measures, on both engines (each in a fresh process, alternating, best of
+--repeats): resident memory after load (RSS minus the runtime's own), prefill tok/s (one
+--prefill-len prompt), batch-1 decode tok/s ((N - 1) / (time(N tokens) - time(1 token))), and
+aggregate output tok/s at 4 and 16 concurrent streams (greedy, ignore EOS, prefill included).
+Decode bandwidth is the weight bytes read per token (the file size) times decode tok/s.
+
+llama.cpp is llama-cpp-python's batched C API (benchmarks/llamacpp_worker.py), built from the
+sdist into --llamacpp-venv (default ~/.cache/axon-bench/llamacpp-venv) when missing: about 11
+minutes on 2 cores, logged to <venv>.log.
+
+    PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py                # the demo model
+    PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py --qwen3        # + Qwen3-shaped Q8_0, Q4_K
+    PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py --model x.gguf --threads 1
+
+--qwen3 writes the random Qwen3 model of benchmarks/offline_throughput.py as an F16 GGUF (with
+gguf-py and a placeholder vocab: prompts are token ids) and quantizes it with llama.cpp's
+`llama_model_quantize` to Q8_0 and Q4_K_M, into ~/.cache/axon-bench/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+CACHE = Path.home() / ".cache" / "axon-bench"
+TARGET_DECODE, TARGET_16_STREAMS = 1.0, 2.0
+
+
+# ---- llama.cpp ------------------------------------------------------------------------------
+
+
+def ensure_llamacpp(venv: Path) -> Path:
+    """The venv's python, after building llama-cpp-python into it when it does not import."""
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", "import llama_cpp, numpy"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    log = venv.with_suffix(".log")
+    print(f"building llama-cpp-python into {venv} (log: {log}) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    with log.open("w") as out:
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-v", "llama-cpp-python", "numpy"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+    return python
+
+
+def quantize(python: Path, source: Path, target: Path, ftype: str) -> Path:
+    """llama.cpp's quantizer (LLAMA_FTYPE_MOSTLY_<ftype>) from `source` to `target`, once."""
+    if target.exists():
+        return target
+    code = (
+        "import llama_cpp as ll, sys\n"
+        "p = ll.llama_model_quantize_default_params()\n"
+        f"p.ftype = ll.LLAMA_FTYPE_MOSTLY_{ftype}\n"
+        "sys.exit(ll.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))\n"
+    )
+    tmp = target.with_suffix(".tmp")
+    subprocess.run([str(python), "-c", code, str(source), str(tmp)], check=True)
+    os.replace(tmp, target)
+    return target
+
+
+# ---- axon -----------------------------------------------------------------------------------
+
+
+def axon_worker(job: dict) -> dict:
+    """axon's side of one measurement (in its own process: see main)."""
+    import torch
+    import transformers
+
+    from axon import LLM, SamplingParams
+    from axon.kernels import ggml_cpu
+
+    torch.set_num_threads(job["threads"])
+    _ = transformers.AutoConfig, transformers.AutoTokenizer, ggml_cpu.available()
+    base = _rss()
+    llm = LLM(
+        model=job["model"],
+        max_model_len=job["n_ctx"],
+        kv_cache_memory=job["kv_bytes"],
+        max_num_seqs=max(job["streams"]),
+        max_num_batched_tokens=2048,
+    )
+    resident = _rss() - base
+
+    def run(prompts: list[list[int]], tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        start = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        return time.perf_counter() - start
+
+    run([job["decode_prompt"][:8]], 2)  # warm up
+    prefill = run([job["prefill_prompt"]], 1)
+    one = run([job["decode_prompt"]], 1)
+    full = run([job["decode_prompt"]], job["decode_tokens"])
+    streams = {}
+    for count in job["streams"]:
+        elapsed = run(job["stream_prompts"][:count], job["stream_tokens"])
+        streams[str(count)] = count * job["stream_tokens"] / elapsed
+    return {
+        "rss_bytes": resident,
+        "prefill_tok_s": len(job["prefill_prompt"]) / prefill,
+        "decode_tok_s": (job["decode_tokens"] - 1) / (full - one),
+        "streams_tok_s": streams,
+    }
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+def make_job(model: Path, args: argparse.Namespace, vocab: int) -> dict:
+    rng = random.Random(args.seed)
+
+    def prompt(length: int) -> list[int]:
+        return [rng.randrange(1000, vocab - 1000) for _ in range(length)]
+
+    streams = max(args.streams)
+    return {
+        "model": str(model),
+        "threads": args.threads,
+        "n_ctx": 1024,
+        "kv_bytes": args.kv_bytes,
+        "prefill_prompt": prompt(args.prefill_len),
+        "decode_prompt": prompt(args.decode_prompt_len),
+        "decode_tokens": args.decode_tokens,
+        "streams": list(args.streams),
+        "stream_prompts": [prompt(args.stream_prompt_len) for _ in range(streams)],
+        "stream_tokens": args.stream_tokens,
+    }
+
+
+def run_worker(command: list[str], job: dict) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
+    )
+    done = subprocess.run(command, input=json.dumps(job), env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[0]} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def best(results: list[dict]) -> dict:
+    """The best of each number over the repeats (the machine may be shared)."""
+    out = {k: max(r[k] for r in results) for k in ("prefill_tok_s", "decode_tok_s")}
+    out["rss_bytes"] = min(r["rss_bytes"] for r in results)
+    out["streams_tok_s"] = {
+        k: max(r["streams_tok_s"][k] for r in results) for k in results[0]["streams_tok_s"]
+    }
+    return out
+
+
+def compare(model: Path, llama_python: Path, args: argparse.Namespace) -> dict:
+    from gguf import GGUFReader
+
+    vocab = len(GGUFReader(str(model)).fields["tokenizer.ggml.tokens"].data)
+    job = make_job(model, args, vocab)
+    axon_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    llama_cmd = [str(llama_python), str(BENCH / "llamacpp_worker.py")]
+    runs: dict[str, list[dict]] = {"axon": [], "llama.cpp": []}
+    for repeat in range(args.repeats):
+        for name, command in (("axon", axon_cmd), ("llama.cpp", llama_cmd)):
+            runs[name].append(run_worker(command, job))
+            print(f"  {model.name} {name} #{repeat + 1}: {json.dumps(runs[name][-1])}", flush=True)
+    return {
+        "model": model.name,
+        "file_bytes": model.stat().st_size,
+        **{name: best(r) for name, r in runs.items()},
+    }
+
+
+def table(results: list[dict], threads: int) -> str:
+    lines = [
+        f"| model | engine | RSS after load (MiB) | prefill tok/s | batch-1 decode tok/s "
+        f"(GB/s) | 4 streams tok/s | 16 streams tok/s |  ({threads} threads)",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        for name in ("axon", "llama.cpp"):
+            m = r[name]
+            gbs = m["decode_tok_s"] * r["file_bytes"] / 1e9
+            s = m["streams_tok_s"]
+            lines.append(
+                f"| {r['model']} | {name} | {m['rss_bytes'] / 2**20:.0f} | "
+                f"{m['prefill_tok_s']:.0f} | {m['decode_tok_s']:.1f} ({gbs:.1f}) | "
+                f"{s.get('4', 0):.1f} | {s.get('16', 0):.1f} |"
+            )
+        a, b = r["axon"], r["llama.cpp"]
+        lines.append(
+            f"| {r['model']} | **axon / llama.cpp** | {a['rss_bytes'] / b['rss_bytes']:.2f} | "
+            f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f} | "
+            f"**{a['decode_tok_s'] / b['decode_tok_s']:.2f}** (target {TARGET_DECODE}) | "
+            f"{a['streams_tok_s']['4'] / b['streams_tok_s']['4']:.2f} | "
+            f"**{a['streams_tok_s']['16'] / b['streams_tok_s']['16']:.2f}** "
+            f"(target {TARGET_16_STREAMS}) |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", help="GGUF file(s) (default: the demo)")
+    parser.add_argument("--qwen3", action="store_true", help="also the Qwen3-shaped Q8_0/Q4_K")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prefill-len", type=int, default=256)
+    parser.add_argument("--decode-prompt-len", type=int, default=32)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--streams", type=int, nargs="+", default=[4, 16])
+    parser.add_argument("--stream-prompt-len", type=int, default=16)
+    parser.add_argument("--stream-tokens", type=int, default=32)
+    parser.add_argument("--kv-bytes", type=int, default=256 << 20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--llamacpp-venv", type=Path, default=CACHE / "llamacpp-venv")
+    parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def models(args: argparse.Namespace, llama_python: Path) -> list[Path]:
+    if args.model:
+        paths = [Path(m) for m in args.model]
+    else:
+        from axon.demo import demo_model_path
+
+        paths = [demo_model_path()]
+    if args.qwen3:
+        from qwen3_gguf import write_qwen3_f16
+
+        f16 = write_qwen3_f16(CACHE / "qwen3-1024x8-f16.gguf")
+        for ftype in ("Q8_0", "Q4_K_M"):
+            paths.append(quantize(llama_python, f16, CACHE / f"qwen3-1024x8-{ftype}.gguf", ftype))
+    return paths
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(axon_worker(json.load(sys.stdin))))
+        return 0
+    sys.path.insert(0, str(BENCH))
+    llama_python = ensure_llamacpp(args.llamacpp_venv)
+    results = [compare(model, llama_python, args) for model in models(args, llama_python)]
+    print(table(results, args.threads))
+    if args.json:
+        args.json.write_text(json.dumps({"threads": args.threads, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
