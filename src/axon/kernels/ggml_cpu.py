@@ -30,6 +30,10 @@ SOURCE = Path(__file__).with_name("ggml_cpu.c")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
 MAX_TOKENS = 64  # the C kernel's limit per call; longer batches dequantize and use F.linear
 DEQUANT_CHUNK_BYTES = 16 << 20  # float32 rows dequantized at once on that path
+# Below this many weight bytes a matmul runs on one thread: a layer of a small model takes
+# ~0.1 ms, less than waking and joining threads costs, and far less than one descheduled thread
+# stalls the rest on a shared machine (measured: 2 threads decoded 6x slower than 1 at load 5).
+PARALLEL_MIN_BYTES = 4 << 20
 
 
 def cache_dir() -> Path:
@@ -133,7 +137,7 @@ def ggml_matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, cols: int) -
         x.data_ptr(),
         x.shape[0],
         y.data_ptr(),
-        torch.get_num_threads(),
+        torch.get_num_threads() if raw.numel() >= PARALLEL_MIN_BYTES else 1,
     )
     if status != 0:
         raise ValueError(f"ggml_matmul: unsupported type {ggml_type} or cols {cols}")

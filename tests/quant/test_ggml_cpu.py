@@ -1,0 +1,60 @@
+"""The C kernel (kernels/ggml_cpu.c) against its reference twin: dequantization bit for bit,
+matmuls within float32 summation-order error of `F.linear(x, dequantize(W))`, at decode batches
+and past MAX_TOKENS (dequantize + F.linear). The int4 fallback keeps its own bf16 bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from axon.kernels import ggml_cpu
+from axon.kernels.ggml_dequant import dequantize_rows_ref
+from axon.kernels.ggml_int4 import INT4_TYPES, int4_matmul, repack_int4
+from axon.layers.quantized import QuantizedMatmul, QuantizedTensor, matmul_ref
+from quant.test_dequant import COLS, FAST_PATH_RTOL, ROWS, _raw
+
+pytestmark = pytest.mark.skipif(not ggml_cpu.available(), reason="no C compiler")
+C_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+FP32_RTOL = 1e-5
+
+
+def _tensor(qtype: Q) -> QuantizedTensor:
+    raw = torch.from_numpy(_raw(qtype, np.random.default_rng(int(qtype) + 7)).copy())
+    return QuantizedTensor(qtype, raw, (ROWS, COLS))
+
+
+@pytest.mark.parametrize("qtype", C_TYPES, ids=lambda t: t.name)
+def test_dequant_is_bit_identical_to_the_reference(qtype):
+    qt = _tensor(qtype)
+    got = ggml_cpu.ggml_dequant(qt.data, qtype, COLS)
+    assert torch.equal(
+        got.view(torch.int32), dequantize_rows_ref(qt.data, qtype, COLS).view(torch.int32)
+    )
+
+
+@pytest.mark.parametrize("qtype", C_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("batch", [1, 3, 16, ggml_cpu.MAX_TOKENS + 6])
+def test_matmul_matches_the_reference_in_float32(qtype, batch):
+    qt = _tensor(qtype)
+    x = torch.randn(batch, COLS, generator=torch.Generator().manual_seed(batch))
+    matmul = QuantizedMatmul(qt)
+    assert matmul.kind == "ggml"
+    got, want = matmul(x), matmul_ref(x, qt)
+    assert got.shape == (batch, ROWS) and got.dtype == torch.float32
+    assert float((got - want).abs().max()) <= FP32_RTOL * float(want.abs().max()), qtype.name
+
+
+def test_the_layer_shares_the_gguf_bytes():
+    qt = _tensor(Q.Q8_0)
+    assert QuantizedMatmul(qt).raw.data_ptr() == qt.data.data_ptr()  # no second copy
+
+
+@pytest.mark.parametrize("qtype", sorted(INT4_TYPES), ids=lambda t: Q(t).name)
+def test_int4_fallback_stays_within_bf16_tolerance(qtype):
+    qt = _tensor(Q(qtype))
+    x = torch.randn(5, COLS, generator=torch.Generator().manual_seed(3))
+    got = int4_matmul(x, repack_int4(qt.data, qtype, ROWS))
+    want = matmul_ref(x, qt)
+    assert float((got - want).abs().max()) <= FAST_PATH_RTOL * float(want.abs().max())
