@@ -27,10 +27,12 @@ levels the script scrapes the server's `/metrics` and prints the server-side his
 (`axon:time_to_first_token_seconds` and friends, sum / count over the level) next to the
 client's numbers, so the HTTP + queueing share of the latency can be seen.
 
-When the script started the server itself it also runs, after stopping the server, an offline
+When the script started the server itself it also runs, right after each level, an offline
 reference in this process: `LLM.generate` on the same prompts with `max_num_seqs` = the
 concurrency (the engine's own continuous batching, no HTTP), and reports serve / offline
-output tok/s (`--no-offline` skips it).
+output tok/s (`--no-offline` skips it). The server stays up but idle meanwhile (it uses no CPU
+when idle), so the two run back to back on the same machine state; this holds the weights
+twice in memory (2 x 1.6 GB for the default model).
 
     PYTHONPATH=src python benchmarks/serve.py --quick       # smoke run (about a minute)
     PYTHONPATH=src python benchmarks/serve.py               # full run: concurrency 1 4 16
@@ -185,9 +187,15 @@ def server_env() -> dict[str, str]:
     return env
 
 
+def listed_models(base_url: str, headers: dict) -> list[str]:
+    models = httpx.get(base_url + "/v1/models", headers=headers, timeout=5).json()
+    return [m.get("id") for m in models.get("data", [])]
+
+
 def wait_until_listed(
-    base_url: str, model: str, headers: dict, deadline_s: float, server=None
+    base_url: str, model: str | None, headers: dict, deadline_s: float, server=None
 ) -> None:
+    """Polls /v1/models until it lists `model` (None: any model)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         if server is not None:
@@ -195,13 +203,14 @@ def wait_until_listed(
             if "failed" in server.log_text():
                 raise RuntimeError("the model load failed:\n" + server.log_text())
         try:
-            models = httpx.get(base_url + "/v1/models", headers=headers, timeout=5).json()
-            if any(m.get("id") == model for m in models.get("data", [])):
+            listed = listed_models(base_url, headers)
+            if (model is None and listed) or model in listed:
                 return
         except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"{model!r} was not listed by {base_url}/v1/models in {deadline_s:.0f}s")
+    what = f"{model!r} was not" if model else "no model was"
+    raise RuntimeError(f"{what} listed by {base_url}/v1/models within {deadline_s:.0f}s")
 
 
 # ---- server metrics -------------------------------------------------------------------------
@@ -463,9 +472,10 @@ def offline_reference(
     args: argparse.Namespace,
     model_dir: Path,
     max_model_len: int,
-    workloads: dict[int, list[list[int]]],
-) -> dict[int, dict]:
-    """`LLM.generate` on each level's prompts with max_num_seqs = the concurrency, in-process."""
+    concurrency: int,
+    prompts: list[list[int]],
+) -> dict:
+    """`LLM.generate` on one level's prompts with max_num_seqs = the concurrency, in-process."""
     import torch
 
     from axon.engine.llm import LLM
@@ -474,42 +484,38 @@ def offline_reference(
     def params(n: int) -> SamplingParams:
         return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
-    out: dict[int, dict] = {}
-    per_token = kv_bytes_per_token(model_dir)
-    for concurrency, prompts in workloads.items():
-        start = time.perf_counter()
-        llm = LLM(
-            model=str(model_dir),
-            dtype="float32",
-            max_model_len=max_model_len,
-            max_num_seqs=concurrency,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            kv_cache_memory=concurrency * max_model_len * per_token,
-        )
-        load_s = time.perf_counter() - start
-        warm = make_prompts(2, (16, 32), args.vocab_size, args.seed + 1, -1)
-        llm.generate([{"prompt_token_ids": p} for p in warm], params(4))
-        start = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params(args.output_len))
-        wall = time.perf_counter() - start
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        out[concurrency] = {
-            "wall_s": wall,
-            "output_tokens": tokens,
-            "output_tok_s": tokens / wall,
-            "load_s": load_s,
-            "load_avg_1m": os.getloadavg()[0],
-            "torch_threads": torch.get_num_threads(),
-        }
-        print(
-            f"offline c={concurrency}: {tokens} tokens in {wall:.1f}s -> "
-            f"{tokens / wall:.1f} tok/s (load {load_s:.1f}s, 1-min load "
-            f"{os.getloadavg()[0]:.2f})",
-            flush=True,
-        )
-        del llm, outs
-        gc.collect()
-    return out
+    start = time.perf_counter()
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        max_model_len=max_model_len,
+        max_num_seqs=concurrency,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory=concurrency * max_model_len * kv_bytes_per_token(model_dir),
+    )
+    load_s = time.perf_counter() - start
+    warm = make_prompts(args.warmup or 1, (16, 32), args.vocab_size, args.seed + 1, -1)
+    llm.generate([{"prompt_token_ids": p} for p in warm], params(4))
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params(args.output_len))
+    wall = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    result = {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "output_tok_s": tokens / wall,
+        "load_s": load_s,
+        "load_avg_1m": os.getloadavg()[0],
+        "torch_threads": torch.get_num_threads(),
+    }
+    print(
+        f"offline c={concurrency}: {tokens} tokens in {wall:.1f}s -> {tokens / wall:.1f} tok/s "
+        f"(engine load {load_s:.1f}s, 1-min load {result['load_avg_1m']:.2f})",
+        flush=True,
+    )
+    del llm, outs
+    gc.collect()
+    return result
 
 
 # ---- main -----------------------------------------------------------------------------------
@@ -601,10 +607,8 @@ def main(argv=None) -> int:
     server = None
     if args.url:
         base_url = args.url.rstrip("/")
-        if args.model is None:
-            listed = httpx.get(base_url + "/v1/models", headers=headers, timeout=10).json()
-            args.model = listed["data"][0]["id"]
         wait_until_listed(base_url, args.model, headers, args.load_timeout)
+        args.model = args.model or listed_models(base_url, headers)[0]
     else:
         args.model = args.model or DEFAULT_SERVED_NAME
         model_dir = ensure_model(model_dir, args.seed)
@@ -648,6 +652,10 @@ def main(argv=None) -> int:
                 + (f"; errors: {rep.errors}" if rep.errors else ""),
                 flush=True,
             )
+            if args.offline:  # right after the level, the server idle: same machine state
+                rep.offline = offline_reference(
+                    args, model_dir, max_model_len, concurrency, prompts
+                )
         final = scrape(base_url, args.model, headers)
         print(
             "server /metrics at the end (warm-up included): axon:time_to_first_token_seconds "
@@ -659,11 +667,6 @@ def main(argv=None) -> int:
         if server is not None:
             code = server.stop()
             print(f"server stopped with SIGTERM: exit status {code}", flush=True)
-
-    if args.offline and reports:
-        offline = offline_reference(args, model_dir, max_model_len, workloads)
-        for rep in reports:
-            rep.offline = offline.get(rep.concurrency, {})
 
     print()
     print(markdown_tables(reports))
