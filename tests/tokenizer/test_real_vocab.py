@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tokenizer.conftest import CACHE
+from llama_cpp_sdist import CACHE
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 

@@ -1,294 +1,586 @@
 /* GGML block formats on the CPU, read in place: y = x @ W.T with float32 activations, and a
  * float32 dequantization. Built and loaded by ggml_cpu.py (cc -O3 -march=native -fopenmp).
  *
- * Each block is dequantized the way gguf-py does it (float32 products of the fp16 scale and the
- * integer code), then dotted with the activations of every token in float32. Only the summation
- * order differs from `F.linear(x, dequantize(W))`. Layouts: see ggml_dequant.py, which these
- * loops follow element for element.
+ * A weight is `scale * code + bias` with an integer code, a float scale per 16 or 32 weights
+ * (fp16 in the file, times a 6- or 8-bit sub-scale for the K-quants) and, for some formats, a
+ * float bias per 32 weights. Dequantization computes exactly that, as gguf-py does (the products
+ * are exact in float32, so an FMA rounds them like gguf-py's separate multiply and add).
+ *
+ * The matmul never writes dequantized weights to memory. Each run of 32 weights is first
+ * decoded to 32 int8 codes with byte-wide vector operations (a handful per format), then
+ *   - one token (decode at batch 1): sum(code * x) over each scale group in float32, times the
+ *     scale once per group, plus bias * sum(x) once per 32: the fewest operations per weight;
+ *   - several tokens: each row's weights are rebuilt in float32 registers and multiplied with up
+ *     to 4 tokens (register tiles of R rows x TT tokens), so the decoding is paid once per tile.
+ * Only the summation order differs from `F.linear(x, dequantize(W))`. Layouts: ggml_dequant.py.
  */
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX2__) || defined(__F16C__)
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __AVX2__
 #include <immintrin.h>
 #endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
-#define MAX_TOKENS 64
 
-static inline float f16(const uint8_t *p) {
-#ifdef __F16C__
-    uint16_t bits16;
-    memcpy(&bits16, p, 2);
-    return _cvtsh_ss(bits16);
+#define INLINE static inline __attribute__((always_inline))
+
+/* How far ahead of each row's current block to prefetch: the same column a few row quads on,
+ * at least PREFETCH_BYTES away. The weights stream from memory, and the out-of-order window
+ * alone keeps too few misses in flight behind the arithmetic (a batch-1 Q8_0 product ran at a
+ * third of the machine's copy bandwidth without prefetching). */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 16384
 #endif
-    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-    uint32_t bits;
-    if (exp == 0x1F) {
-        bits = sign | 0x7F800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal: normalize */
-        int shift = 0;
-        while (!(man & 0x400)) { man <<= 1; shift++; }
-        bits = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3FF) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+INLINE int64_t prefetch_distance(int64_t row_bytes) {
+    const int64_t quad = 4 * row_bytes;
+    return quad * ((PREFETCH_BYTES + quad - 1) / quad);
 }
 
-/* Eight lanes (AVX2 with -march=native; plain code elsewhere). */
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t i8x __attribute__((vector_size(32)));
+/* Eight float lanes: AVX2 with -march=native on x86, two NEON registers on arm64. */
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef int8_t s8x8 __attribute__((vector_size(8)));
 
-/* Eight bytes widened to int32 lanes. */
-static inline i8x widen_u8(const uint8_t *p) {
-#ifdef __AVX2__
-    return (i8x)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-#else
-    i8x out;
-    for (int i = 0; i < 8; i++) out[i] = p[i];
-    return out;
-#endif
+INLINE float f16(const uint8_t *p) {
+    _Float16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
 }
 
-static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
-static inline v8 to_float(i8x q) { return __builtin_convertvector(q, v8); }
-
-static const i8x LANE = {0, 1, 2, 3, 4, 5, 6, 7};
-
-static void q4_0(const uint8_t *b, float *w) {
-    float d = f16(b);
-    for (int j = 0; j < 16; j += 8) {
-        i8x q = widen_u8(b + 2 + j);
-        store8(w + j, d * to_float((q & 0x0F) - 8));
-        store8(w + j + 16, d * to_float((q >> 4) - 8));
-    }
-}
-
-static void q4_1(const uint8_t *b, float *w) {
-    float d = f16(b), m = f16(b + 2);
-    for (int j = 0; j < 16; j += 8) {
-        i8x q = widen_u8(b + 4 + j);
-        store8(w + j, d * to_float(q & 0x0F) + m);
-        store8(w + j + 16, d * to_float(q >> 4) + m);
-    }
-}
-
-/* The 5-bit codes of Q5_0 / Q5_1, eight at a time: low nibble, high bit from qh (LE u32). */
-static void q5_codes(const uint8_t *qh, const uint8_t *qs, i8x *q) {
-    uint32_t high;
-    memcpy(&high, qh, 4);
-    i8x bits = (i8x){0} + (int32_t)high;
-    for (int j = 0; j < 16; j += 8) {
-        i8x nib = widen_u8(qs + j);
-        i8x lo_high = ((bits >> (LANE + j)) & 1) << 4, hi_high = ((bits >> (LANE + j + 16)) & 1) << 4;
-        q[j / 8] = (nib & 0x0F) | lo_high;
-        q[j / 8 + 2] = (nib >> 4) | hi_high;
-    }
-}
-
-static void q5_0(const uint8_t *b, float *w) {
-    i8x q[4];
-    float d = f16(b);
-    q5_codes(b + 2, b + 6, q);
-    for (int j = 0; j < 4; j++) store8(w + 8 * j, d * to_float(q[j] - 16));
-}
-
-static void q5_1(const uint8_t *b, float *w) {
-    i8x q[4];
-    float d = f16(b), m = f16(b + 2);
-    q5_codes(b + 4, b + 8, q);
-    for (int j = 0; j < 4; j++) store8(w + 8 * j, d * to_float(q[j]) + m);
-}
-
-static void q8_0(const uint8_t *b, float *w) {
-    float d = f16(b);
-    const int8_t *q = (const int8_t *)(b + 2);
-    for (int j = 0; j < 32; j++) w[j] = (float)q[j] * d;
-}
-
-/* Q4_K / Q5_K: per sub-block scale d * sc and offset dmin * mn (6-bit packed). */
-static void k_affine(const uint8_t *b, float *scale, float *offset) {
-    float d = f16(b), dmin = f16(b + 2);
-    const uint8_t *s = b + 4;
-    for (int j = 0; j < 4; j++) {
-        scale[j] = d * (float)(s[j] & 0x3F);
-        offset[j] = dmin * (float)(s[4 + j] & 0x3F);
-        scale[j + 4] = d * (float)((s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30));
-        offset[j + 4] = dmin * (float)((s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30));
-    }
-}
-
-static void q4_k(const uint8_t *b, float *w) {
-    float scale[8], offset[8];
-    k_affine(b, scale, offset);
-    const uint8_t *qs = b + 16;
-    for (int g = 0; g < 4; g++)
-        for (int l = 0; l < 32; l += 8) {
-            i8x q = widen_u8(qs + g * 32 + l);
-            store8(w + g * 64 + l, scale[2 * g] * to_float(q & 0x0F) - offset[2 * g]);
-            store8(w + g * 64 + 32 + l, scale[2 * g + 1] * to_float(q >> 4) - offset[2 * g + 1]);
-        }
-}
-
-static void q5_k(const uint8_t *b, float *w) {
-    float scale[8], offset[8];
-    k_affine(b, scale, offset);
-    const uint8_t *qh = b + 16, *qs = b + 48;
-    for (int g = 0; g < 4; g++)
-        for (int l = 0; l < 32; l += 8) {
-            i8x q = widen_u8(qs + g * 32 + l), high = widen_u8(qh + l);
-            i8x lo = (q & 0x0F) | (((high >> (2 * g)) & 1) << 4);
-            i8x hi = (q >> 4) | (((high >> (2 * g + 1)) & 1) << 4);
-            store8(w + g * 64 + l, scale[2 * g] * to_float(lo) - offset[2 * g]);
-            store8(w + g * 64 + 32 + l, scale[2 * g + 1] * to_float(hi) - offset[2 * g + 1]);
-        }
-}
-
-static void q6_k(const uint8_t *b, float *w) {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    float d = f16(b + 208);
-    for (int g = 0; g < 2; g++)
-        for (int part = 0; part < 4; part++)
-            for (int l = 0; l < 32; l += 8) {
-                int e = g * 128 + part * 32 + l;
-                float scale = d * (float)sc[e / 16]; /* 16 codes share one scale */
-                i8x lo = (widen_u8(ql + g * 64 + (part % 2) * 32 + l) >> (4 * (part / 2))) & 0x0F;
-                i8x hi = (widen_u8(qh + g * 32 + l) >> (2 * part)) & 3;
-                store8(w + e, scale * to_float((lo | (hi << 4)) - 32));
-            }
-}
-
-typedef void (*dequant_fn)(const uint8_t *, float *);
-
-static int format(int type, dequant_fn *fn, int *block, int *bytes) {
-    switch (type) {
-    case Q4_0: *fn = q4_0; *block = 32; *bytes = 18; return 0;
-    case Q4_1: *fn = q4_1; *block = 32; *bytes = 20; return 0;
-    case Q5_0: *fn = q5_0; *block = 32; *bytes = 22; return 0;
-    case Q5_1: *fn = q5_1; *block = 32; *bytes = 24; return 0;
-    case Q8_0: *fn = q8_0; *block = 32; *bytes = 34; return 0;
-    case Q4_K: *fn = q4_k; *block = 256; *bytes = 144; return 0;
-    case Q5_K: *fn = q5_k; *block = 256; *bytes = 176; return 0;
-    case Q6_K: *fn = q6_k; *block = 256; *bytes = 210; return 0;
-    default: return -1;
-    }
-}
-
-int axon_ggml_supported(int type) {
-    dequant_fn fn;
-    int block, bytes;
-    return format(type, &fn, &block, &bytes) == 0;
-}
-
-
-static v8 load8(const float *p) {
-    v8 v;
+INLINE f32x8 load8(const float *p) {
+    f32x8 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-static float sum8(v8 v) {
+INLINE void store8(float *p, f32x8 v) { memcpy(p, &v, sizeof v); }
+
+INLINE float sum8(f32x8 v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-/* One output row per format: acc[t] = x[t] . W[n] over every block, in vector lanes. The
- * format's dequantizer is inlined (a macro instead of a function pointer), so that the compiler
- * keeps a 32-wide block in registers. */
-#define ROW_DOT(fn, block, bytes)                                                              \
-    static void row_dot_##fn(const uint8_t *row, int64_t blocks, const float *x, int64_t cols,  \
-                             int64_t tokens, float *out, int64_t stride) {                     \
-        v8 acc[MAX_TOKENS];                                                                    \
-        float wb[block] __attribute__((aligned(32)));                                          \
-        for (int64_t t = 0; t < tokens; t++) acc[t] = (v8){0};                                 \
-        for (int64_t k = 0; k < blocks; k++) {                                                 \
-            fn(row + k * (bytes), wb);                                                         \
-            for (int64_t t = 0; t < tokens; t++) {                                             \
-                const float *xt = x + t * cols + k * (block);                                  \
-                v8 a = acc[t];                                                                 \
-                for (int i = 0; i < (block); i += 8) a += load8(wb + i) * load8(xt + i);       \
-                acc[t] = a;                                                                    \
-            }                                                                                  \
-        }                                                                                      \
-        for (int64_t t = 0; t < tokens; t++) out[t * stride] = sum8(acc[t]);                   \
-    }
-
-ROW_DOT(q4_0, 32, 18)
-ROW_DOT(q4_1, 32, 20)
-ROW_DOT(q5_0, 32, 22)
-ROW_DOT(q5_1, 32, 24)
-ROW_DOT(q4_k, 256, 144)
-ROW_DOT(q5_k, 256, 176)
-ROW_DOT(q6_k, 256, 210)
-
-typedef void (*row_fn)(const uint8_t *, int64_t, const float *, int64_t, int64_t, float *,
-                       int64_t);
-
-/* Q8_0 without the float buffer: codes widen straight into lanes, the scale applies per block. */
-static inline v8 widen8(const uint8_t *codes) {
+/* Eight int8 codes at p as float lanes (GCC scalarizes __builtin_convertvector of bytes). */
+INLINE f32x8 bytes8(const int8_t *p) {
 #ifdef __AVX2__
-    __m128i bytes = _mm_loadl_epi64((const __m128i *)codes);
-    return (v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    return (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 #else
-    v8 out;
-    for (int i = 0; i < 8; i++) out[i] = (float)(int8_t)codes[i];
-    return out;
+    s8x8 bytes;
+    memcpy(&bytes, p, 8);
+    return __builtin_convertvector(__builtin_convertvector(bytes, i32x8), f32x8);
 #endif
 }
 
-static void row_dot_q8_0(const uint8_t *row, int64_t blocks, const float *x, int64_t cols,
-                         int64_t tokens, float *out, int64_t stride) {
-    v8 acc[MAX_TOKENS];
-    for (int64_t t = 0; t < tokens; t++) acc[t] = (v8){0};
-    for (int64_t k = 0; k < blocks; k++) {
-        const uint8_t *b = row + k * 34;
-        v8 w[4];
-        for (int j = 0; j < 4; j++) w[j] = widen8(b + 2 + 8 * j);
-        const float d = f16(b);
-        for (int64_t t = 0; t < tokens; t++) {
-            const float *xt = x + t * cols + k * 32;
-            v8 p = w[0] * load8(xt) + w[1] * load8(xt + 8);
-            p += w[2] * load8(xt + 16) + w[3] * load8(xt + 24);
-            acc[t] += d * p;
-        }
+/* ---- the formats ------------------------------------------------------------------------ */
+
+INLINE int block_size(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : 32; }
+
+INLINE int block_bytes(int type) {
+    switch (type) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    default: return 210; /* Q6_K */
     }
-    for (int64_t t = 0; t < tokens; t++) out[t * stride] = sum8(acc[t]);
 }
 
-/* y [tokens, rows] = x [tokens, cols] @ W.T, W [rows, cols] in `type`. tokens <= MAX_TOKENS. */
-int axon_ggml_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const float *x,
-                     int64_t tokens, float *y, int threads) {
-    dequant_fn fn;
-    int block, bytes;
-    if (format(type, &fn, &block, &bytes) || tokens > MAX_TOKENS || cols % block) return -1;
-    const int64_t blocks = cols / block, row_bytes = blocks * bytes;
-    row_fn row = type == Q8_0   ? row_dot_q8_0
-                 : type == Q4_0 ? row_dot_q4_0
-                 : type == Q4_1 ? row_dot_q4_1
-                 : type == Q5_0 ? row_dot_q5_0
-                 : type == Q5_1 ? row_dot_q5_1
-                 : type == Q4_K ? row_dot_q4_k
-                 : type == Q5_K ? row_dot_q5_k
-                                : row_dot_q6_k;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < rows; n++)
-        row(w + n * row_bytes, blocks, x, cols, tokens, y + n, rows);
+INLINE int has_bias(int type) { return type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K; }
+
+/* Weights per scale: 16 for Q6_K, 32 for the others. */
+INLINE int scale_group(int type) { return type == Q6_K ? 16 : 32; }
+
+int axon_ggml_supported(int type) {
+    switch (type) {
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q4_K: case Q5_K: case Q6_K:
+        return 1;
+    default: return 0;
+    }
+}
+
+typedef struct {
+    float scale[16] __attribute__((aligned(32))); /* per scale group */
+    float bias[8] __attribute__((aligned(32)));   /* per 32: m (Q4_1, Q5_1), -(dmin * mn) (K) */
+} Scales;
+
+typedef uint8_t u8x8 __attribute__((vector_size(8)));
+
+/* Eight bytes as float lanes. */
+INLINE f32x8 u8_to_f32(const uint8_t *p) {
+#ifdef __AVX2__
+    return (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    u8x8 bytes;
+    memcpy(&bytes, p, 8);
+    return __builtin_convertvector(__builtin_convertvector(bytes, i32x8), f32x8);
+#endif
+}
+
+/* Q4_K / Q5_K: the eight 6-bit scales and mins of a super-block, unpacked four at a time in
+ * 32-bit words (12 bytes: low 6 bits of scales 0-3 and mins 0-3, then the low nibbles of
+ * scales 4-7 and mins 4-7 with their high 2 bits in the top bits of the first 8 bytes). */
+INLINE void k_scales(const uint8_t *b, Scales *s) {
+    uint32_t packed[3], codes[4];
+    memcpy(packed, b + 4, 12);
+    const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
+    codes[0] = packed[0] & low6;                                           /* scales 0-3 */
+    codes[1] = (packed[2] & low4) | (((packed[0] >> 6) & low2) << 4);      /* scales 4-7 */
+    codes[2] = packed[1] & low6;                                           /* mins 0-3 */
+    codes[3] = ((packed[2] >> 4) & low4) | (((packed[1] >> 6) & low2) << 4); /* mins 4-7 */
+    const float d = f16(b), dmin = f16(b + 2);
+    store8(s->scale, d * u8_to_f32((const uint8_t *)codes));
+    store8(s->bias, -(dmin * u8_to_f32((const uint8_t *)codes + 8)));
+}
+
+INLINE void block_scales(int type, const uint8_t *b, Scales *s) {
+    switch (type) {
+    case Q4_0: case Q5_0: case Q8_0: s->scale[0] = f16(b); break;
+    case Q4_1: case Q5_1: s->scale[0] = f16(b); s->bias[0] = f16(b + 2); break;
+    case Q4_K: case Q5_K: k_scales(b, s); break;
+    default: { /* Q6_K: 16 int8 scales, one per 16 weights */
+        const float d = f16(b + 208);
+        store8(s->scale, d * bytes8((const int8_t *)b + 192));
+        store8(s->scale + 8, d * bytes8((const int8_t *)b + 200));
+    }
+    }
+}
+
+#ifdef __AVX2__
+/* 32 bytes: bit i of the little-endian uint32 at p, as 0 or `value` in byte i (Q5 high bits). */
+INLINE __m256i spread_bits(const uint8_t *p, int8_t value) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i index = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                            0x0101010101010101, 0x0000000000000000);
+    const __m256i mask = _mm256_set1_epi64x((int64_t)0x8040201008040201);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)bits), index);
+    bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+    return _mm256_and_si256(bytes, _mm256_set1_epi8(value));
+}
+
+/* Low nibbles of 16 bytes, then their high nibbles: the 32 codes of a Q4_0 / Q5_0 block. */
+INLINE __m256i nibbles16(const uint8_t *p) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p), low = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* Nibbles of 32 bytes: the low ones (shift 0) or the high ones (shift 4). */
+INLINE __m256i nibbles32(const uint8_t *p, int shift) {
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)p);
+    return _mm256_and_si256(_mm256_srli_epi16(bytes, shift), _mm256_set1_epi8(0x0F));
+}
+#endif
+
+/* The integer codes of 32 weights as int8 (a weight is scale * code + bias): Q8_0's are read
+ * in place, the others decoded into a register (AVX2) or a small buffer. Decoded codes stay in
+ * the register: storing 32 bytes and reloading them 8 at a time stalls store forwarding. */
+typedef struct {
+    const int8_t *mem;
+#ifdef __AVX2__
+    __m256i reg;
+#else
+    int8_t buf[32];
+#endif
+} Codes;
+
+/* Codes 8 * j .. 8 * j + 7 as float lanes. */
+INLINE f32x8 codes8(int type, const Codes *c, int j) {
+    if (type == Q8_0) return bytes8(c->mem + 8 * j);
+#ifdef __AVX2__
+    __m128i half = j < 2 ? _mm256_castsi256_si128(c->reg) : _mm256_extracti128_si256(c->reg, 1);
+    if (j & 1) half = _mm_unpackhi_epi64(half, half);
+    return (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(half));
+#else
+    return bytes8(c->buf + 8 * j);
+#endif
+}
+
+/* Weights 32 * sub .. 32 * sub + 31 of a block. */
+INLINE void codes32(int type, const uint8_t *b, int sub, Codes *c) {
+    if (type == Q8_0) {
+        c->mem = (const int8_t *)(b + 2);
+        return;
+    }
+#ifdef __AVX2__
+    __m256i q;
+    switch (type) {
+    case Q4_0: q = _mm256_sub_epi8(nibbles16(b + 2), _mm256_set1_epi8(8)); break;
+    case Q4_1: q = nibbles16(b + 4); break;
+    case Q5_0:
+        q = _mm256_or_si256(nibbles16(b + 6), spread_bits(b + 2, 16));
+        q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+        break;
+    case Q5_1: q = _mm256_or_si256(nibbles16(b + 8), spread_bits(b + 4, 16)); break;
+    case Q4_K: q = nibbles32(b + 16 + 32 * (sub / 2), 4 * (sub & 1)); break;
+    case Q5_K: {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, sub), _mm256_set1_epi8(1));
+        q = _mm256_or_si256(nibbles32(b + 48 + 32 * (sub / 2), 4 * (sub & 1)),
+                            _mm256_slli_epi16(bit, 4));
+        break;
+    }
+    default: { /* Q6_K: 128 weights per half; part p of a half: nibbles of ql, 2 bits of qh */
+        const int half = sub / 4, part = sub & 3;
+        const __m256i lo = nibbles32(b + 64 * half + 32 * (part & 1), 4 * (part >> 1));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * half));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), _mm256_set1_epi8(3));
+        q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+    }
+    }
+    c->reg = q;
+#else
+    for (int i = 0; i < 32; i++) {
+        const int e = 32 * sub + i, lo16 = i < 16, k = i & 15;
+        int code;
+        switch (type) {
+        case Q4_0: code = (lo16 ? b[2 + k] & 0x0F : b[2 + k] >> 4) - 8; break;
+        case Q4_1: code = lo16 ? b[4 + k] & 0x0F : b[4 + k] >> 4; break;
+        case Q5_0: case Q5_1: {
+            const uint8_t *qh = b + (type == Q5_0 ? 2 : 4), *qs = qh + 4;
+            code = (lo16 ? qs[k] & 0x0F : qs[k] >> 4) | (((qh[i / 8] >> (i % 8)) & 1) << 4);
+            code -= type == Q5_0 ? 16 : 0;
+            break;
+        }
+        case Q4_K: code = (b[16 + 32 * (sub / 2) + i] >> (4 * (sub & 1))) & 0x0F; break;
+        case Q5_K:
+            code = ((b[48 + 32 * (sub / 2) + i] >> (4 * (sub & 1))) & 0x0F) |
+                   (((b[16 + i] >> sub) & 1) << 4);
+            break;
+        default: {
+            const int half = e / 128, part = (e / 32) & 3;
+            const int lo = (b[64 * half + 32 * (part & 1) + i] >> (4 * (part >> 1))) & 0x0F;
+            const int hi = (b[128 + 32 * half + i] >> (2 * part)) & 3;
+            code = (lo | (hi << 4)) - 32;
+        }
+        }
+        c->buf[i] = (int8_t)code;
+    }
+#endif
+}
+
+/* Weights 32 * sub + 8 * j .. + 7 in float32, exactly as gguf-py dequantizes them. */
+INLINE f32x8 weights8(int type, const Codes *codes, const Scales *s, int sub, int j) {
+    const f32x8 q = codes8(type, codes, j);
+    const float scale = s->scale[type == Q6_K ? 2 * sub + j / 2 : sub];
+    return has_bias(type) ? scale * q + s->bias[sub] : scale * q;
+}
+
+/* ---- the matmul ------------------------------------------------------------------------- */
+
+/* ---- batch 1: sum(code * x) per scale group, straight from the packed bytes ------------- */
+
+/* Eight bytes widened to int32 lanes. */
+INLINE i32x8 widen_u8(const uint8_t *p) {
+#ifdef __AVX2__
+    return (i32x8)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+#else
+    u8x8 bytes;
+    memcpy(&bytes, p, 8);
+    return __builtin_convertvector(bytes, i32x8);
+#endif
+}
+
+INLINE f32x8 cvt(i32x8 v) { return __builtin_convertvector(v, f32x8); }
+
+/* FIFTH_BITS[byte]: lane i holds 16 if bit i of byte is set (the fifth bit of eight Q5 codes). */
+static i32x8 FIFTH_BITS[256];
+
+__attribute__((constructor)) static void init_fifth_bits(void) {
+    for (int byte = 0; byte < 256; byte++)
+        for (int i = 0; i < 8; i++) FIFTH_BITS[byte][i] = ((byte >> i) & 1) << 4;
+}
+
+/* sum over the block of scale * code * x (the biases are added from sums of x, see gemv). Codes
+ * are widened to 32-bit lanes eight bytes at a time, and a byte of two nibbles serves two
+ * groups: at batch 1 every weight is decoded once per step, so fewer operations per weight is
+ * what counts. Q4_0 / Q5_0 codes keep their +8 / +16 here (gemv_bias subtracts it). */
+INLINE f32x8 block_dot(int type, const uint8_t *b, const float *x, const Scales *s) {
+    f32x8 out = {0};
+    switch (type) {
+    case Q8_0:
+        for (int j = 0; j < 4; j++) out += bytes8((const int8_t *)b + 2 + 8 * j) * load8(x + 8 * j);
+        return s->scale[0] * out;
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
+        const int qs = type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
+        const uint8_t *qh = b + qs - 4; /* Q5: bit i of these 4 bytes is code i's fifth */
+        for (int h = 0; h < 2; h++) {
+            const i32x8 v = widen_u8(b + qs + 8 * h);
+            i32x8 lo = v & 0x0F, hi = v >> 4;
+            if (type == Q5_0 || type == Q5_1) {
+                lo |= FIFTH_BITS[qh[h]];
+                hi |= FIFTH_BITS[qh[h + 2]];
+            }
+            out += cvt(lo) * load8(x + 8 * h) + cvt(hi) * load8(x + 16 + 8 * h);
+        }
+        return s->scale[0] * out;
+    }
+    case Q4_K: case Q5_K: {
+        const uint8_t *qs = b + (type == Q4_K ? 16 : 48);
+        for (int g = 0; g < 4; g++) {
+            f32x8 lo_sum = {0}, hi_sum = {0};
+            for (int l = 0; l < 4; l++) {
+                const i32x8 v = widen_u8(qs + 32 * g + 8 * l);
+                i32x8 lo = v & 0x0F, hi = v >> 4;
+                if (type == Q5_K) {
+                    const i32x8 high = widen_u8(b + 16 + 8 * l);
+                    lo |= ((high >> (2 * g)) & 1) << 4;
+                    hi |= ((high >> (2 * g + 1)) & 1) << 4;
+                }
+                lo_sum += cvt(lo) * load8(x + 64 * g + 8 * l);
+                hi_sum += cvt(hi) * load8(x + 64 * g + 32 + 8 * l);
+            }
+            out += s->scale[2 * g] * lo_sum + s->scale[2 * g + 1] * hi_sum;
+        }
+        return out;
+    }
+    default: /* Q6_K */
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 4; l++) {
+                const i32x8 a = widen_u8(b + 64 * h + 8 * l), c = widen_u8(b + 64 * h + 32 + 8 * l);
+                const i32x8 high = widen_u8(b + 128 + 32 * h + 8 * l);
+                const i32x8 q[4] = {(a & 0x0F) | ((high & 3) << 4),
+                                    (c & 0x0F) | (((high >> 2) & 3) << 4),
+                                    (a >> 4) | (((high >> 4) & 3) << 4),
+                                    (c >> 4) | ((high >> 6) << 4)};
+                for (int part = 0; part < 4; part++) {
+                    const float scale = s->scale[8 * h + 2 * part + l / 2];
+                    out += scale * (cvt(q[part] - 32) * load8(x + 128 * h + 32 * part + 8 * l));
+                }
+            }
+        return out;
+    }
+}
+
+/* The bias of weights 32 * sub .. + 31 as gemv sees them: Q4_0 / Q5_0 codes are unsigned there
+ * (8 and 16 too high), the formats with a bias have theirs. */
+INLINE float gemv_bias(int type, const Scales *s, int sub) {
+    switch (type) {
+    case Q4_0: return -8.0f * s->scale[0];
+    case Q5_0: return -16.0f * s->scale[0];
+    default: return has_bias(type) ? s->bias[sub] : 0.0f;
+    }
+}
+
+/* One token, R rows: `xsum` [cols / 32] holds the sums of x over each 32 weights, so a bias
+ * costs one multiply-add per 32 weights instead of one per weight. */
+INLINE void gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, const float *x,
+                 const float *xsum, float *y, const int R) {
+    const int64_t ahead = prefetch_distance(row_bytes);
+    const int B = block_size(type), bytes = block_bytes(type);
+    const int biased = has_bias(type) || type == Q4_0 || type == Q5_0;
+    f32x8 acc[4];
+    float bias_acc[4];
+    for (int r = 0; r < R; r++) acc[r] = (f32x8){0}, bias_acc[r] = 0.0f;
+    for (int64_t k = 0; k < blocks; k++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = w + r * row_bytes + k * bytes;
+            __builtin_prefetch(b + ahead);
+            Scales s;
+            block_scales(type, b, &s);
+            acc[r] += block_dot(type, b, x + k * B, &s);
+            if (type == Q4_K || type == Q5_K) /* eight biases, eight sums: one vector */
+                acc[r] += load8(s.bias) * load8(xsum + 8 * k);
+            else if (biased)
+                bias_acc[r] += gemv_bias(type, &s, 0) * xsum[k];
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = sum8(acc[r]) + bias_acc[r];
+}
+
+/* y[t, r] = x[t] . W[r] for R rows and TT tokens: each weight is rebuilt once in float32 and
+ * used for the TT tokens. */
+INLINE void tile(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, const float *x,
+                 int64_t ldx, float *y, int64_t ldy, const int R, const int TT) {
+    const int64_t ahead = prefetch_distance(row_bytes);
+    const int B = block_size(type), bytes = block_bytes(type);
+    f32x8 acc[4][4]; /* fixed sizes (R, TT <= 4): a variable-length array would live in memory */
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) acc[r][t] = (f32x8){0};
+    for (int64_t k = 0; k < blocks; k++) {
+        Scales s[4];
+        for (int r = 0; r < R; r++) {
+            __builtin_prefetch(w + r * row_bytes + k * bytes + ahead);
+            block_scales(type, w + r * row_bytes + k * bytes, &s[r]);
+        }
+        for (int sub = 0; sub < B / 32; sub++) {
+            Codes q[4];
+            for (int r = 0; r < R; r++) codes32(type, w + r * row_bytes + k * bytes, sub, &q[r]);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                f32x8 wj[4];
+                for (int r = 0; r < R; r++) wj[r] = weights8(type, &q[r], &s[r], sub, j);
+                for (int t = 0; t < TT; t++) {
+                    const f32x8 xv = load8(x + t * ldx + k * B + 32 * sub + 8 * j);
+                    for (int r = 0; r < R; r++) acc[r][t] += wj[r] * xv;
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) y[t * ldy + r] = sum8(acc[r][t]);
+}
+
+/* Rows [begin, end) for every token. Row quads outside, tokens inside, so that a quad's weights
+ * come from memory once and stay in L1 for all its token tiles: 2 rows x 4 tokens, then the
+ * last 1-3 tokens as 4 x 1 (gemv), 4 x 2 or 2 x 3. */
+INLINE void rows_of(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, int64_t begin,
+                    int64_t end, const float *x, const float *xsum, int64_t ldx, int64_t tokens,
+                    float *y, int64_t ldy) {
+    const int64_t full = tokens / 4 * 4, rest = tokens - full;
+    int64_t n = begin;
+    for (; n + 4 <= end; n += 4) {
+        const uint8_t *wn = w + n * row_bytes;
+        for (int64_t t = 0; t < full; t += 4) {
+            tile(type, wn, row_bytes, blocks, x + t * ldx, ldx, y + t * ldy + n, ldy, 2, 4);
+            tile(type, wn + 2 * row_bytes, row_bytes, blocks, x + t * ldx, ldx,
+                 y + t * ldy + n + 2, ldy, 2, 4);
+        }
+        const float *xt = x + full * ldx;
+        float *yt = y + full * ldy + n;
+        if (rest == 1) { /* row by row: one sequential stream keeps the prefetchers ahead */
+            for (int r = 0; r < 4; r++)
+                gemv(type, wn + r * row_bytes, row_bytes, blocks, xt, xsum, yt + r, 1);
+        } else if (rest == 2) {
+            tile(type, wn, row_bytes, blocks, xt, ldx, yt, ldy, 4, 2);
+        } else if (rest == 3) {
+            tile(type, wn, row_bytes, blocks, xt, ldx, yt, ldy, 2, 3);
+            tile(type, wn + 2 * row_bytes, row_bytes, blocks, xt, ldx, yt + 2, ldy, 2, 3);
+        }
+    }
+    for (; n < end; n++) {
+        const uint8_t *wn = w + n * row_bytes;
+        for (int64_t t = 0; t < full; t += 4)
+            tile(type, wn, row_bytes, blocks, x + t * ldx, ldx, y + t * ldy + n, ldy, 1, 4);
+        for (int64_t t = full; t < tokens; t++)
+            tile(type, wn, row_bytes, blocks, x + t * ldx, ldx, y + t * ldy + n, ldy, 1, 1);
+    }
+}
+
+#define ROWS_KERNEL(name, TYPE)                                                                   \
+    static void name(const uint8_t *w, int64_t row_bytes, int64_t blocks, int64_t begin,         \
+                     int64_t end, const float *x, const float *xsum, int64_t ldx, int64_t tokens, \
+                     float *y, int64_t ldy) {                                                     \
+        rows_of(TYPE, w, row_bytes, blocks, begin, end, x, xsum, ldx, tokens, y, ldy);           \
+    }
+
+ROWS_KERNEL(rows_q4_0, Q4_0)
+ROWS_KERNEL(rows_q4_1, Q4_1)
+ROWS_KERNEL(rows_q5_0, Q5_0)
+ROWS_KERNEL(rows_q5_1, Q5_1)
+ROWS_KERNEL(rows_q8_0, Q8_0)
+ROWS_KERNEL(rows_q4_k, Q4_K)
+ROWS_KERNEL(rows_q5_k, Q5_K)
+ROWS_KERNEL(rows_q6_k, Q6_K)
+
+typedef void (*rows_fn)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *,
+                        const float *, int64_t, int64_t, float *, int64_t);
+
+static rows_fn rows_kernel(int type) {
+    switch (type) {
+    case Q4_0: return rows_q4_0;
+    case Q4_1: return rows_q4_1;
+    case Q5_0: return rows_q5_0;
+    case Q5_1: return rows_q5_1;
+    case Q8_0: return rows_q8_0;
+    case Q4_K: return rows_q4_k;
+    case Q5_K: return rows_q5_k;
+    case Q6_K: return rows_q6_k;
+    default: return 0;
+    }
+}
+
+/* y [tokens, ldy] = x [tokens, cols] @ [W_0; W_1; ...].T for `parts` weights W_p [rows[p], cols]
+ * in formats types[p] (a fused projection such as q, k, v, kept as separate GGUF tensors): part
+ * p fills the columns after those of the parts before it. The row quads of all parts are split
+ * across the threads in one parallel region. */
+int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
+                           const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
+                           float *y, int64_t ldy, int threads) {
+    int64_t quads = 0;
+    for (int p = 0; p < parts; p++) {
+        if (!rows_kernel(types[p]) || cols % block_size(types[p])) return -1;
+        quads += (rows[p] + 3) / 4;
+    }
+    if (tokens < 0) return -1;
+    if (tokens == 0) return 0; /* e.g. a chunked-prefill step where no sequence samples */
+    /* Sums of x over each 32 weights of the last token (the batch-1 path's biases). */
+    float xsum[cols / 32];
+    for (int64_t i = 0; i < cols / 32; i++) {
+        const float *xi = x + (tokens - 1) * cols + 32 * i;
+        xsum[i] = sum8(load8(xi) + load8(xi + 8) + load8(xi + 16) + load8(xi + 24));
+    }
+    if (threads < 1) threads = 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#ifdef _OPENMP
+        const int64_t id = omp_get_thread_num(), count = omp_get_num_threads();
+#else
+        const int64_t id = 0, count = 1;
+#endif
+        const int64_t first = quads * id / count, last = quads * (id + 1) / count;
+        int64_t part_first = 0, column = 0; /* the part's first quad, its first column */
+        for (int p = 0; p < parts; p++) {
+            const int64_t part_quads = (rows[p] + 3) / 4;
+            const int64_t lo = first > part_first ? first : part_first;
+            const int64_t hi = last < part_first + part_quads ? last : part_first + part_quads;
+            if (lo < hi) {
+                const int64_t blocks = cols / block_size(types[p]);
+                const int64_t row_bytes = blocks * block_bytes(types[p]);
+                const int64_t begin = (lo - part_first) * 4;
+                const int64_t end = (hi - part_first) * 4 < rows[p] ? (hi - part_first) * 4 : rows[p];
+                rows_kernel(types[p])(ws[p], row_bytes, blocks, begin, end, x, xsum, cols, tokens,
+                                      y + column, ldy);
+            }
+            part_first += part_quads;
+            column += rows[p];
+        }
+    }
     return 0;
+}
+
+/* y [tokens, ldy] (columns 0 .. rows-1) = x [tokens, cols] @ W.T, W [rows, cols] in `type`. */
+int axon_ggml_matmul(int type, const uint8_t *w, int64_t rows, int64_t cols, const float *x,
+                     int64_t tokens, float *y, int64_t ldy, int threads) {
+    return axon_ggml_matmul_parts(1, &type, &w, &rows, cols, x, tokens, y, ldy, threads);
 }
 
 /* out [rows, cols] float32 = W [rows, cols] in `type`. */
 int axon_ggml_dequant(int type, const uint8_t *w, int64_t rows, int64_t cols, float *out,
                       int threads) {
-    dequant_fn fn;
-    int block, bytes;
-    if (format(type, &fn, &block, &bytes) || cols % block) return -1;
-    const int64_t blocks = rows * (cols / block);
+    if (!axon_ggml_supported(type) || cols % block_size(type)) return -1;
+    const int B = block_size(type), bytes = block_bytes(type);
+    const int64_t blocks = rows * (cols / B);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t k = 0; k < blocks; k++) fn(w + k * bytes, out + k * block);
+    for (int64_t k = 0; k < blocks; k++) {
+        const uint8_t *b = w + k * bytes;
+        float *o = out + k * B;
+        Scales s;
+        Codes q;
+        block_scales(type, b, &s);
+        switch (type) { /* one loop per format, so that the decoders inline with constants */
+#define DEQUANT_CASE(T)                                                                           \
+    case T:                                                                                       \
+        for (int sub = 0; sub < block_size(T) / 32; sub++) {                                     \
+            codes32(T, b, sub, &q);                                                               \
+            for (int j = 0; j < 4; j++) store8(o + 32 * sub + 8 * j, weights8(T, &q, &s, sub, j)); \
+        }                                                                                         \
+        break;
+            DEQUANT_CASE(Q4_0)
+            DEQUANT_CASE(Q4_1)
+            DEQUANT_CASE(Q5_0)
+            DEQUANT_CASE(Q5_1)
+            DEQUANT_CASE(Q8_0)
+            DEQUANT_CASE(Q4_K)
+            DEQUANT_CASE(Q5_K)
+            DEQUANT_CASE(Q6_K)
+#undef DEQUANT_CASE
+        }
+    }
     return 0;
 }

@@ -6,9 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from axon.kernels import cpu_ops
+
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_ops.usable(x) and x.dim() == 2:
+            return cpu_ops.act_and_mul(x, "silu")
+        return self.forward_ref(x)
+
+    def forward_ref(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 
@@ -19,6 +26,11 @@ class GeluAndMul(nn.Module):
         self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.approximate == "tanh" and cpu_ops.usable(x) and x.dim() == 2:
+            return cpu_ops.act_and_mul(x, "gelu_tanh")
+        return self.forward_ref(x)
+
+    def forward_ref(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.gelu(gate, approximate=self.approximate) * up
 

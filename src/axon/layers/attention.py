@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from axon.kernels import cpu_ops
 from axon.layers.forward_context import AttentionMetadata, get_forward_context
 
 
@@ -76,8 +77,13 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
         meta = get_forward_context()
-        self.k_cache.index_copy_(0, meta.slot_mapping, k)
-        self.v_cache.index_copy_(0, meta.slot_mapping, v)
+        if cpu_ops.usable(k, v, self.k_cache):
+            cpu_ops.cache_write(k, v, meta.slot_mapping, self.k_cache, self.v_cache)
+        else:
+            self.k_cache.index_copy_(0, meta.slot_mapping, k)
+            self.v_cache.index_copy_(0, meta.slot_mapping, v)
+        if not meta.prefills:  # every row decodes: no gather of rows, no scatter back
+            return self._decode(meta, q).reshape(q.shape[0], -1)
         out = torch.empty_like(q)  # [T, H, D]
         for index, chunk in enumerate(meta.prefills):
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
@@ -103,6 +109,15 @@ class Attention(nn.Module):
         return o.permute(2, 0, 1, 3).reshape(query_len, self.num_heads, self.head_dim)
 
     def _decode(self, meta: AttentionMetadata, q: torch.Tensor) -> torch.Tensor:
+        if cpu_ops.usable(q, self.k_cache):  # reads the cache in place: no gather, no mask
+            return cpu_ops.paged_decode_attention(
+                q, self.k_cache, self.v_cache, meta.decode_key_slots, meta.decode_context_lens,
+                self.scale, self.logit_softcap, self.sliding_window,
+            )  # fmt: skip
+        return self._decode_ref(meta, q)
+
+    def _decode_ref(self, meta: AttentionMetadata, q: torch.Tensor) -> torch.Tensor:
+        """The reference twin: gather the keys, mask, SDPA."""
         batch = q.shape[0]
         qg = q.view(batch, self.num_kv_heads, self.group, self.head_dim)  # [Bd, Hkv, G, D]
         k = gather_slots(self.k_cache, meta.decode_key_slots, "k").transpose(1, 2)  # [Bd,Hkv,C,D]

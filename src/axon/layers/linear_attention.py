@@ -5,6 +5,11 @@ Per token and value head the recurrent state S [Dk, Dv] evolves as
 uses the equivalent chunked form, decode the recurrent one; both are pure PyTorch here
 (`*_ref`), with FLA's Triton kernels behind the same interface on CUDA when installed.
 
+Value heads come in one of two orders, which differ only in which key head each value head
+reads: "grouped" (HF checkpoints: value head j reads key head j // (Hv/Hk)) and "tiled" (llama.cpp's
+GGUF files, whose converter permutes every value-head tensor so that value head j reads key head
+j % Hk). With all value-head weights in the same order either is the same function.
+
 Each running sequence owns a state slot: row `slot` of `conv_state` [slots, C, K-1] (the last
 K-1 inputs of the causal depthwise conv) and of `recurrent_state` [slots, Hv, Dk, Dv] (fp32).
 A layer reads a sequence's state at the start of its chunk and writes the final state back, so
@@ -18,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from axon.layers.forward_context import PrefillChunk, get_forward_context
-from axon.layers.linear import ReplicatedLinear
+from axon.layers.linear import ReplicatedLinear, default_weight_loader
 
 try:  # FLA's Triton kernels: an optional GPU fast path with the same semantics
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
@@ -189,11 +194,24 @@ class DepthwiseConv1d(nn.Module):
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size), requires_grad=False)
 
 
-class GatedDeltaNet(nn.Module):
-    """Qwen3.5's linear-attention mixer: [T, hidden] -> [T, hidden] over state slots."""
+VALUE_HEAD_ORDERS = ("grouped", "tiled")
 
-    def __init__(self, config):
+
+class GatedDeltaNet(nn.Module):
+    """Qwen3.5's linear-attention mixer: [T, hidden] -> [T, hidden] over state slots.
+
+    `value_head_order` is the order of the value heads in the weights ("grouped" for an HF
+    checkpoint, "tiled" for a llama.cpp GGUF; see the module docstring). The decay rate is held
+    as `A = -exp(A_log)`, the form GGUF stores; an HF checkpoint's `A_log` is converted on load.
+    """
+
+    def __init__(self, config, value_head_order: str = "grouped"):
         super().__init__()
+        if value_head_order not in VALUE_HEAD_ORDERS:
+            raise ValueError(
+                f"value_head_order must be one of {VALUE_HEAD_ORDERS}, got {value_head_order!r}"
+            )
+        self.value_head_order = value_head_order
         hidden = config.hidden_size
         self.num_k_heads = config.linear_num_key_heads
         self.num_v_heads = config.linear_num_value_heads
@@ -210,11 +228,20 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_a = ReplicatedLinear(hidden, self.num_v_heads)
         self.conv1d = DepthwiseConv1d(self.conv_dim, self.conv_kernel_size)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads), requires_grad=False)
-        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads), requires_grad=False)
+        decay = torch.full((self.num_v_heads,), -1.0, dtype=torch.float32)  # fp32 in any dtype
+        self.A = nn.Parameter(decay, requires_grad=False)
+        self.A.weight_loader = self._load_decay
         self.norm = RMSNormGated(self.head_v_dim, config.rms_norm_eps)
         self.out_proj = ReplicatedLinear(self.value_dim, hidden)
         self.conv_state = torch.empty(0)  # [slots, C, K-1], bound by the runner
         self.recurrent_state = torch.empty(0)  # [slots, Hv, Dk, Dv] fp32, bound by the runner
+
+    def _load_decay(self, param: nn.Parameter, loaded: torch.Tensor, form=None) -> None:
+        """Load `A` itself, or (form "A_log") `-exp(A_log)` exactly as transformers computes it:
+        A_log held in the model dtype (dt_bias's), exponentiated in fp32."""
+        if form == "A_log":
+            loaded = -loaded.to(self.dt_bias.dtype).float().exp()
+        default_weight_loader(param, loaded)
 
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Per-slot shapes of the conv state and the recurrent state."""
@@ -228,7 +255,7 @@ class GatedDeltaNet(nn.Module):
         z = self.in_proj_z(hidden).view(num_tokens, self.num_v_heads, self.head_v_dim)
         beta = self.in_proj_b(hidden).sigmoid()  # [T, Hv]
         a = self.in_proj_a(hidden).float()
-        g = -self.A_log.float().exp() * F.softplus(a + self.dt_bias.float())  # [T, Hv]
+        g = self.A * F.softplus(a + self.dt_bias.float())  # [T, Hv]
         core = hidden.new_empty(num_tokens, self.num_v_heads, self.head_v_dim)
         for chunk in meta.prefills:
             rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
@@ -240,14 +267,16 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(core.view(num_tokens, -1))
 
     def _heads(self, mixed: torch.Tensor):
-        """Split conv output [N, C] into q, k [N, Hv, Dk] (l2-normalised, repeated over the
-        value heads) and v [N, Hv, Dv]."""
+        """Split conv output [N, C] into q, k [N, Hv, Dk] (l2-normalised, expanded to the value
+        heads in `value_head_order`) and v [N, Hv, Dv]."""
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = l2norm(q.reshape(-1, self.num_k_heads, self.head_k_dim))
+        q = l2norm(q.reshape(-1, self.num_k_heads, self.head_k_dim))  # [N, Hk, Dk]
         k = l2norm(k.reshape(-1, self.num_k_heads, self.head_k_dim))
         ratio = self.num_v_heads // self.num_k_heads
-        if ratio > 1:  # value head h reads key head h // ratio
+        if ratio > 1 and self.value_head_order == "grouped":  # value head j reads j // ratio
             q, k = q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
+        elif ratio > 1:  # tiled: value head j reads key head j % Hk
+            q, k = q.repeat(1, ratio, 1), k.repeat(1, ratio, 1)
         return q, k, v.reshape(-1, self.num_v_heads, self.head_v_dim)
 
     def _prefill(self, chunk: PrefillChunk, mixed, g, beta) -> torch.Tensor:

@@ -5,6 +5,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from axon.kernels import cpu_ops
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool):
+    """The reference twin of the fused CPU kernel (and the path for other devices / dtypes)."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if unit_offset:
+        # Gemma multiplies in float32 before casting back.
+        return (h * (1.0 + weight.float())).to(dtype)
+    return weight * h.to(dtype)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6, unit_offset: bool = False):
@@ -15,10 +28,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(init, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.unit_offset:
-            # Gemma multiplies in float32 before casting back.
-            return (h * (1.0 + self.weight.float())).to(dtype)
-        return self.weight * h.to(dtype)
+        if cpu_ops.usable(x, self.weight):
+            return cpu_ops.rms_norm(x, self.weight, self.eps, self.unit_offset)
+        return rms_norm_ref(x, self.weight, self.eps, self.unit_offset)

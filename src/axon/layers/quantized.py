@@ -64,6 +64,7 @@ class QuantizedMatmul(nn.Module):
         super().__init__()
         self.ggml_type = qt.ggml_type
         self.out_features, self.in_features = qt.shape
+        self._ggml: ggml_cpu.GGMLWeights | None = None  # the prepared C call, made on first use
         if ggml_cpu.supports(qt.ggml_type):
             self.kind = "ggml"
             self.register_buffer("raw", qt.data)  # the GGUF bytes, shared with an embedding
@@ -80,16 +81,27 @@ class QuantizedMatmul(nn.Module):
             self.kind = "dequant"
             self.register_buffer("raw", qt.data)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, K] -> [T, N] in x's dtype; written into `out` (a [T, N] view, e.g. a column
+        slice of a fused layer's output) when one is given."""
         if self.kind == "ggml" and x.device.type == "cpu":
-            return ggml_cpu.ggml_matmul(x, self.raw, self.ggml_type, self.in_features).to(x.dtype)
-        if self.kind == "int4":
+            if self._ggml is None or self._ggml.parts[0][1] is not self.raw:
+                self._ggml = ggml_cpu.GGMLWeights([(self.ggml_type, self.raw)], self.in_features)
+            if out is not None and x.dtype == torch.float32:
+                return self._ggml.matmul(x, out)
+            y = self._ggml.matmul(x).to(x.dtype)
+        elif self.kind == "int4":
             weight = Int4Weight(self.packed, self.scales_and_zeros, *self._layout)
-            return int4_matmul(x, weight)  # [T, N]
-        if self.kind == "dense":
-            return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
-        w = dequantize_rows_ref(self.raw, self.ggml_type, self.in_features)
-        return F.linear(x, w.to(x.dtype))
+            y = int4_matmul(x, weight)  # [T, N]
+        elif self.kind == "dense":
+            y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        else:
+            w = dequantize_rows_ref(self.raw, self.ggml_type, self.in_features)
+            y = F.linear(x, w.to(x.dtype))
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
 
     def extra_repr(self) -> str:
         name = GGMLQuantizationType(self.ggml_type).name
@@ -104,16 +116,38 @@ class QuantizedParts(nn.Module):
         super().__init__()
         self.order = order
         self.parts = nn.ModuleDict()
+        self._ggml: ggml_cpu.GGMLWeights | None = None  # all parts in one C call, on CPU
+        self._prepared = False
 
     def add(self, key: str, qt: QuantizedTensor) -> None:
         self.parts[key] = QuantizedMatmul(qt)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._prepared:
+            self._prepare()
+        if self._ggml is not None and x.device.type == "cpu":
+            return self._ggml.matmul(x).to(x.dtype)  # every part in one C call
+        parts = [self.parts[key] for key in self.order]
+        if len(parts) == 1:
+            return parts[0](x)
+        # Each part writes its columns of one output: no concatenation afterwards.
+        width = sum(part.out_features for part in parts)
+        out = torch.empty(x.shape[0], width, dtype=x.dtype, device=x.device)
+        start = 0
+        for part in parts:
+            part(x, out[:, start : start + part.out_features])
+            start += part.out_features
+        return out  # [T, sum(N)]
+
+    def _prepare(self) -> None:
+        self._prepared = True
         missing = [key for key in self.order if key not in self.parts]
         if missing:
             raise ValueError(f"quantized layer is missing parts {missing}")
-        outs = [self.parts[key](x) for key in self.order]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # [T, sum(N)]
+        parts = [self.parts[key] for key in self.order]
+        if all(part.kind == "ggml" and part.raw.device.type == "cpu" for part in parts):
+            weights = [(part.ggml_type, part.raw) for part in parts]
+            self._ggml = ggml_cpu.GGMLWeights(weights, parts[0].in_features)
 
 
 class QuantizedEmbedding(nn.Module):
@@ -127,6 +161,9 @@ class QuantizedEmbedding(nn.Module):
         self.matmul: QuantizedMatmul | None = None
 
     def lookup(self, input_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self.raw.device.type == "cpu" and ggml_cpu.supports(self.ggml_type):
+            rows = ggml_cpu.ggml_dequant(self.raw[input_ids], self.ggml_type, self.shape[1])
+            return rows.to(dtype)  # [T, hidden], bit-identical to the reference below
         qt = QuantizedTensor(self.ggml_type, self.raw, self.shape)
         return qt.dequantize_rows(input_ids).to(dtype)  # [T, hidden]
 

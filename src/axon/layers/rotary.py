@@ -7,6 +7,12 @@ import math
 import torch
 from torch import nn
 
+from axon.kernels import cpu_ops
+
+# Token counts up to which the fused CPU kernel rotates in place (decode steps); longer
+# prefills take torch's vectorized cos / sin.
+FUSED_MAX_TOKENS = 64
+
 
 def rope_inv_freq(rotary_dim: int, params: dict) -> torch.Tensor:
     """Inverse frequencies [rotary_dim // 2] for a HF `rope_parameters` dict."""
@@ -59,6 +65,19 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((out, rest), dim=-1) if rest.numel() else out
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """Rotated (q, k), each [T, H, D]; the fused CPU path rotates them in place."""
+        if q.shape[0] <= FUSED_MAX_TOKENS and cpu_ops.usable(q, k) and _heads_contiguous(q, k):
+            cpu_ops.rotary_(q, positions, self.inv_freq, self.rotary_dim)
+            cpu_ops.rotary_(k, positions, self.inv_freq, self.rotary_dim)
+            return q, k
+        return self.forward_ref(positions, q, k)
+
+    def forward_ref(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """The reference twin: new tensors, inputs unchanged."""
         freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [T, rotary_dim / 2]
         cos, sin = freqs.cos().unsqueeze(1), freqs.sin().unsqueeze(1)  # [T, 1, rotary_dim / 2]
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+
+def _heads_contiguous(*tensors: torch.Tensor) -> bool:
+    return all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in tensors)

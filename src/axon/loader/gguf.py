@@ -1,11 +1,16 @@
-"""GGUF checkpoints (memory-mapped with `gguf.GGUFReader`): config from metadata, and
-`(hf_name, tensor)` pairs under the HF names the models use.
+"""GGUF checkpoints (memory-mapped by gguf-py's reader; gguf_reader.py): config from metadata,
+and `(hf_name, tensor)` pairs under the names the models use.
 
 Quantized matrices (and F16 / BF16 ones) come out as `QuantizedTensor`s, which the layers keep in
 that form; F32 tensors and every 1-D tensor come out as float32 tensors. llama.cpp's converter
-changes two things that are undone here: for the `llama` architecture it permutes the rows of
-q/k for its interleaved RoPE (we use the neox layout), and for Gemma it stores RMSNorm weights as
-`w + 1` (our Gemma norms compute `(1 + w)`).
+changes some tensors, and what it changes is undone here: for the `llama` architecture it permutes
+the rows of q/k for its interleaved RoPE (we use the neox layout); for Gemma and Qwen3.5 it stores
+RMSNorm weights as `w + 1` (our norms compute `(1 + w)`; Qwen3.5's gated GDN norm is left as is);
+for Qwen3.5 (`qwen35`) it squeezes the conv1d weight to [C, K]. Two Qwen3.5 changes are kept
+instead, because the GDN layer runs on them directly: `ssm_a` holds `A = -exp(A_log)` (the
+layer's `A`), and the value heads are in "tiled" order, which the config announces
+(`linear_value_head_order`) so the layer expands its key heads to match. Multi-token-prediction
+blocks (`nextn`) are skipped.
 """
 
 from __future__ import annotations
@@ -23,8 +28,16 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 
 from axon.layers.quantized import QuantizedTensor
+from axon.loader.gguf_reader import BulkGGUFReader
 
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+_MODEL_TYPES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3_text",
+    "qwen35": "qwen3_5_text",
+}
+_UNIT_OFFSET_NORM_ARCHS = ("gemma3", "qwen35")
 _F32_TYPES = (GGMLQuantizationType.F32,)
 
 _GLOBAL_NAMES = {
@@ -52,15 +65,32 @@ _GEMMA3_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+# Qwen3.5: gated full attention (q_proj holds query and gate) and the Gated DeltaNet mixer.
+_QWEN35_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+}
+_LAYER_NAMES_BY_ARCH = {"gemma3": _GEMMA3_LAYER_NAMES, "qwen35": _QWEN35_LAYER_NAMES}
+# Layer tensors that are bare parameters, not a module's weight or bias.
+_LAYER_PARAMS_BY_ARCH = {
+    "qwen35": {"ssm_a": "linear_attn.A", "ssm_dt.bias": "linear_attn.dt_bias"},
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)$")
 
 
 @functools.lru_cache(maxsize=1)
 def open_gguf(path: str) -> GGUFReader:
-    """The reader of `path`, kept for the next call: parsing the metadata of a 262k-token vocab
-    takes gguf-py seconds, and a load reads the config and then the weights. The weights'
+    """The reader of `path`, kept for the next call: parsing the metadata of a 248k-token vocab
+    takes a second even in bulk, and a load reads the config and then the weights. The weights'
     iterator drops it, so the file's pages are no longer mapped once the model is loaded."""
-    return GGUFReader(path, "r")
+    return BulkGGUFReader(path, "r")
 
 
 def iterate_gguf_file(path: str) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
@@ -104,11 +134,24 @@ def hf_name(gguf_name: str, arch: str) -> str | None:
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
     match = _LAYER_RE.match(gguf_name)
-    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
-    if match is None or match.group(2) not in names:
+    if match is None:
         return None
-    layer, part, suffix = match.groups()
+    layer, rest = match.groups()
+    params = _LAYER_PARAMS_BY_ARCH.get(arch, {})
+    if rest in params:
+        return f"model.layers.{layer}.{params[rest]}"
+    part, _, suffix = rest.rpartition(".")
+    names = _LAYER_NAMES_BY_ARCH.get(arch, _LAYER_NAMES)
+    if suffix not in ("weight", "bias") or part not in names:
+        return None
     return f"model.layers.{layer}.{names[part]}.{suffix}"
+
+
+def num_text_layers(reader: GGUFReader, arch: str) -> int:
+    """Decoder layers of the text model: `block_count` less the multi-token-prediction blocks
+    that llama.cpp appends (Qwen3.5's `nextn` layers)."""
+    blocks = int(field_value(reader, f"{arch}.block_count"))
+    return blocks - int(field_value(reader, f"{arch}.nextn_predict_layers", 0))
 
 
 def _unpermute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
@@ -154,11 +197,30 @@ def iterate_gguf(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor | Quant
     """Yield (hf_name, tensor) for every tensor of the text model. Raises ValueError naming a
     tensor that maps to no HF name."""
     arch = architecture(reader)
+    num_layers = num_text_layers(reader, arch)
     for tensor in reader.tensors:
+        if _layer_index(tensor.name) >= num_layers:
+            continue  # a multi-token-prediction block
         name = hf_name(tensor.name, arch)
         if name is None:
             raise ValueError(f"GGUF tensor {tensor.name!r} has no HF counterpart for {arch}")
         value = _to_torch(tensor, arch, _row_fix(reader, arch, tensor.name))
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            value = value - 1.0  # stored as w + 1 (see the module docstring)
-        yield name, value
+        yield name, _undo_converter(name, value, arch)
+
+
+def _layer_index(gguf_name: str) -> int:
+    """N of a `blk.N.*` tensor; -1 for a global one."""
+    match = _LAYER_RE.match(gguf_name)
+    return -1 if match is None else int(match.group(1))
+
+
+def _undo_converter(name: str, value, arch: str):
+    """The tensor as the model holds it (see the module docstring)."""
+    gated_norm = name.endswith("linear_attn.norm.weight")  # the GDN's own norm: stored as is
+    if arch in _UNIT_OFFSET_NORM_ARCHS and name.endswith("norm.weight") and not gated_norm:
+        return value - 1.0  # stored as w + 1
+    if arch == "qwen35" and name.endswith("conv1d.weight"):
+        if isinstance(value, QuantizedTensor):  # a depthwise conv, never a matmul
+            value = value.dequantize()
+        return value.unsqueeze(1)  # stored squeezed: [C, K] -> [C, 1, K]
+    return value

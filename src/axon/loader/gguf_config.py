@@ -5,14 +5,15 @@ from __future__ import annotations
 from gguf import GGUFReader
 from transformers import AutoConfig, PretrainedConfig
 
-from axon.loader.gguf import _MODEL_TYPES, architecture, field_value
+from axon.loader.gguf import _MODEL_TYPES, architecture, field_value, num_text_layers
 
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: five sliding layers, then one global
 GEMMA3_SWA_ROPE_BASE = 10_000.0
 
 
 def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
-    """The HF config (model_type one of llama, qwen2, qwen3, gemma3_text) of a GGUF file."""
+    """The HF config (model_type one of llama, qwen2, qwen3, gemma3_text, qwen3_5_text) of a GGUF
+    file."""
     arch = architecture(reader)
 
     def get(key: str, default=None):
@@ -22,7 +23,7 @@ def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
     hidden = int(get("embedding_length"))
     names = {t.name for t in reader.tensors}
     kwargs = dict(
-        num_hidden_layers=int(get("block_count")),
+        num_hidden_layers=num_text_layers(reader, arch),
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
         num_attention_heads=heads,
@@ -39,6 +40,8 @@ def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
     if arch == "gemma3":
         kwargs.update(_gemma3_kwargs(reader, kwargs))
+    if arch == "qwen35":
+        kwargs.update(_qwen35_kwargs(reader, kwargs))
     return AutoConfig.for_model(_MODEL_TYPES[arch], **kwargs)
 
 
@@ -91,3 +94,36 @@ def _gemma3_kwargs(reader: GGUFReader, kwargs: dict) -> dict:
         "full_attention": kwargs["rope_parameters"],
     }
     return out
+
+
+def _qwen35_kwargs(reader: GGUFReader, kwargs: dict) -> dict:
+    """Qwen3.5's Gated DeltaNet sizes, layer schedule and partial M-RoPE (llama.cpp's names:
+    `ssm.group_count` key heads, `ssm.time_step_rank` value heads, `ssm.state_size` the key head
+    dim, `ssm.inner_size` all value heads' width)."""
+
+    def get(key: str, default=None):
+        return field_value(reader, f"qwen35.{key}", default)
+
+    num_layers, head_dim = kwargs["num_hidden_layers"], kwargs["head_dim"]
+    num_v_heads = int(get("ssm.time_step_rank"))
+    recurrent = get("attention.recurrent_layers")
+    if recurrent is None:  # llama.cpp's default: every `interval`-th layer is full attention
+        interval = int(get("full_attention_interval", 4))
+        recurrent = [(i + 1) % interval != 0 for i in range(num_layers)]
+    rope = dict(kwargs["rope_parameters"])
+    rope["partial_rotary_factor"] = int(get("rope.dimension_count", head_dim)) / head_dim
+    rope["mrope_section"] = [int(n) for n in get("rope.dimension_sections", [11, 11, 10])[:3]]
+    rope["mrope_interleaved"] = True  # Qwen3.5 always interleaves; GGUF does not say
+    return {
+        "linear_conv_kernel_dim": int(get("ssm.conv_kernel")),
+        "linear_key_head_dim": int(get("ssm.state_size")),
+        "linear_num_key_heads": int(get("ssm.group_count")),
+        "linear_num_value_heads": num_v_heads,
+        "linear_value_head_dim": int(get("ssm.inner_size")) // num_v_heads,
+        "layer_types": [
+            "linear_attention" if r else "full_attention" for r in recurrent[:num_layers]
+        ],
+        "rope_parameters": rope,
+        # The converter reorders the GDN value heads from HF's grouped order to tiled.
+        "linear_value_head_order": "tiled",
+    }

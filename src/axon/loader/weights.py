@@ -18,9 +18,13 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
     """Copy every checkpoint tensor into `model`. Raises ValueError naming missing or
     unexpected weights.
 
-    A model may declare `checkpoint_prefixes` (checkpoint prefix -> its own, e.g. a multimodal
-    checkpoint's `model.language_model.` -> `model.`), `ignored_checkpoint_prefixes` (weights it
-    does not hold, e.g. a vision tower) and `tie_word_embeddings` (else read from its config).
+    A model may declare `packed_modules_mapping` (checkpoint module or parameter name ->
+    (its parameter's name, shard id): `q_proj` -> (`qkv_proj`, "q"), or `A_log` -> (`A`, "A_log")
+    for a parameter held in another form), `checkpoint_prefixes` (checkpoint prefix -> its own,
+    e.g. a multimodal checkpoint's `model.language_model.` -> `model.`),
+    `ignored_checkpoint_prefixes` (weights it does not hold, e.g. a vision tower) and
+    `tie_word_embeddings` (else read from its config). A parameter is complete when loaded whole
+    (under its own name) or from every one of its shards.
     """
     params = dict(model.named_parameters(remove_duplicate=False))
     packed = getattr(model, "packed_modules_mapping", {})
@@ -29,7 +33,7 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
     tied = getattr(model, "tie_word_embeddings", None)
     if tied is None:
         tied = getattr(model.config, "tie_word_embeddings", False)
-    loaded: set[str] = set()
+    loaded: dict[str, set] = {}  # parameter name -> shard ids loaded (None: the whole)
     unexpected: list[str] = []
     for name, tensor in weights:
         if ignored and name.startswith(ignored):
@@ -49,8 +53,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             (loader or default_weight_loader)(param, tensor)
         else:
             loader(param, tensor, shard_id)
-        loaded.add(name)
-    _check_complete(model, params, packed, loaded, unexpected, tied)
+        loaded.setdefault(target, set()).add(shard_id)
+    _check_complete(params, packed, loaded, unexpected, tied)
 
 
 def _rename(name: str, prefixes: dict[str, str]) -> str:
@@ -61,31 +65,36 @@ def _rename(name: str, prefixes: dict[str, str]) -> str:
 
 
 def _route(name: str, packed: dict) -> tuple[str, object]:
+    """(parameter name, shard id) of a checkpoint name; shard id None when unpacked."""
+    dotted = name + "."  # a packed name may be a module (`.q_proj.`) or a parameter (`.A_log`)
     for checkpoint_name, (fused_name, shard_id) in packed.items():
         part = f".{checkpoint_name}."
-        if part in name:
-            return name.replace(part, f".{fused_name}."), shard_id
+        if part in dotted:
+            return dotted.replace(part, f".{fused_name}.")[:-1], shard_id
     return name, None
 
 
-def _expected_names(params: dict, packed: dict) -> set[str]:
-    """Checkpoint names the model's parameters account for (fused ones expanded)."""
-    expected = set()
-    for name in params:
-        parts = [(c, f) for c, (f, _) in packed.items() if f".{f}." in name]
-        if not parts:
-            expected.add(name)
-        for checkpoint_name, fused_name in parts:
-            expected.add(name.replace(f".{fused_name}.", f".{checkpoint_name}."))
-    return expected
+def _shards(name: str, packed: dict) -> list[tuple[str, object]]:
+    """(checkpoint name, shard id) of each packed part of parameter `name`; [] when unpacked."""
+    dotted = name + "."
+    return [
+        (dotted.replace(f".{fused}.", f".{checkpoint}.")[:-1], shard_id)
+        for checkpoint, (fused, shard_id) in packed.items()
+        if f".{fused}." in dotted
+    ]
 
 
-def _check_complete(model, params, packed, loaded, unexpected, tied) -> None:
+def _check_complete(params, packed, loaded, unexpected, tied) -> None:
     if unexpected:
         raise ValueError(f"unexpected weights in checkpoint: {sorted(unexpected)[:20]}")
-    expected = _expected_names(params, packed)
-    if tied:
-        expected.discard("lm_head.weight")
-    missing = sorted(expected - loaded)
+    missing = []
+    for name in params:
+        got = loaded.get(name, set())
+        if None in got or (tied and name == "lm_head.weight"):
+            continue
+        shards = _shards(name, packed)
+        if not shards and not got:
+            missing.append(name)
+        missing += [checkpoint for checkpoint, shard_id in shards if shard_id not in got]
     if missing:
-        raise ValueError(f"weights missing from checkpoint: {missing[:20]}")
+        raise ValueError(f"weights missing from checkpoint: {sorted(missing)[:20]}")

@@ -4,7 +4,9 @@ full attention, per the config's `layer_types` (three linear layers to one full 
 Full-attention layers: `q_proj` yields per head a query and an output gate (interleaved per
 head), q/k RMSNorms, partial rotary, `attn * sigmoid(gate)` before `o_proj`; only these layers
 hold paged KV. Every RMSNorm outside the GDN mixer is zero-centred, `x̂ * (1 + w)`. The MLP is a
-dense SwiGLU. A `Qwen3_5ForConditionalGeneration` checkpoint loads text-only: its
+dense SwiGLU. A config's `linear_value_head_order` ("tiled" for llama.cpp's `qwen35` GGUF files,
+else "grouped") says how the GDN weights order their value heads. A
+`Qwen3_5ForConditionalGeneration` checkpoint loads text-only: its
 `model.language_model.*` weights are the text model, `model.visual.*` and `mtp.*` are skipped.
 """
 
@@ -70,7 +72,8 @@ class Qwen3_5DecoderLayer(nn.Module):
         super().__init__()
         self.layer_type = config.layer_types[layer_idx]
         if self.layer_type == "linear_attention":
-            self.linear_attn = GatedDeltaNet(config)
+            order = getattr(config, "linear_value_head_order", "grouped")
+            self.linear_attn = GatedDeltaNet(config, value_head_order=order)
         elif self.layer_type == "full_attention":
             self.self_attn = Qwen3_5Attention(config)
         else:
@@ -98,6 +101,8 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
 
     model_cls = Qwen3_5TextModel
     layer_cls = Qwen3_5DecoderLayer
+    # GDN layers hold the decay rate as A = -exp(A_log) (as GGUF stores it).
+    packed_modules_mapping = {**LlamaForCausalLM.packed_modules_mapping, "A_log": ("A", "A_log")}
     checkpoint_prefixes = {"model.language_model.": "model."}
     ignored_checkpoint_prefixes = ("model.visual.", "mtp.")
 

@@ -1,0 +1,132 @@
+"""Fused float32 CPU operations (cpu_ops.c, through ctypes): RMSNorm, rotary, gated
+activations, the KV cache write and paged decode attention. Each replaces a sequence of small
+torch ops whose dispatch costs far more than its arithmetic at decode sizes; each has a
+pure-PyTorch reference twin in `axon.layers` that runs on other devices and dtypes, and that the
+tests compare against.
+
+`usable(*tensors)` says whether a call may take this path: the library built, every tensor a
+float32 CPU tensor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from axon.kernels import build
+
+SOURCE = Path(__file__).with_name("cpu_ops.c")
+# Work (multiply-adds) below which attention runs on one thread: waking a second costs more.
+PARALLEL_MIN_WORK = 1 << 18
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = build.load(SOURCE)
+    if lib is None:
+        return None
+    i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+    lib.axon_rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32, i32]
+    lib.axon_rotary.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
+    lib.axon_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
+    lib.axon_cache_write.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr]
+    lib.axon_paged_decode_attention.argtypes = [
+        *(ptr, ptr, ptr, ptr, i64, ptr),
+        *(i64, i64, i64, i64, f32, f32, i64),
+        *(ptr, ptr, i32),
+    ]
+    return lib
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the C path may run on these tensors (float32, CPU, library built)."""
+    if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
+        return False
+    return _library() is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool) -> torch.Tensor:
+    """x [..., D] (last dim contiguous) -> normalized copy [..., D], contiguous."""
+    dim = x.shape[-1]
+    rows = x.reshape(-1, dim) if x.stride(-1) == 1 else x.contiguous().view(-1, dim)
+    if rows.shape[0] > 1 and rows.stride(0) < dim:
+        rows = rows.contiguous()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    _library().axon_rms_norm(
+        rows.data_ptr(), rows.stride(0), weight.data_ptr(), out.data_ptr(), dim,
+        rows.shape[0], dim, eps, int(unit_offset),
+    )  # fmt: skip
+    return out
+
+
+def rotary_(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, rotary_dim: int):
+    """Rotate x [T, H, D] in place (heads D apart, channels contiguous; tokens any stride)."""
+    tokens, heads, head_dim = x.shape
+    if x.stride(2) != 1 or x.stride(1) != head_dim:
+        raise ValueError("rotary_: each token's heads must be contiguous")
+    positions = positions.contiguous()
+    _library().axon_rotary(
+        x.data_ptr(), x.stride(0), tokens, heads, head_dim, rotary_dim,
+        positions.data_ptr(), inv_freq.data_ptr(),
+    )  # fmt: skip
+    return x
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, H, D]
+    k_cache: torch.Tensor,  # [slots, Hkv, D]
+    v_cache: torch.Tensor,
+    key_slots: torch.Tensor,  # [B, C] int64, padded
+    context_lens: torch.Tensor,  # [B] int64
+    scale: float,
+    softcap: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    """Each query against its own cached keys, read in place from the cache -> [B, H, D]."""
+    batch, heads, head_dim = q.shape
+    q = q.contiguous()
+    key_slots, context_lens = key_slots.contiguous(), context_lens.contiguous()
+    width = key_slots.shape[1]
+    work = batch * heads * width * head_dim
+    threads = torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
+    scratch = torch.empty(threads * width, dtype=torch.float32)
+    out = torch.empty_like(q)
+    _library().axon_paged_decode_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), key_slots.data_ptr(), width,
+        context_lens.data_ptr(), batch, heads, k_cache.shape[1], head_dim, scale,
+        softcap or 0.0, window or 0, out.data_ptr(), scratch.data_ptr(), threads,
+    )  # fmt: skip
+    return out
+
+
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+
+def act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """x [T, 2I] (rows contiguous) -> act(x[:, :I]) * x[:, I:] [T, I]; activation in
+    ACTIVATIONS."""
+    tokens, width = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(tokens, width // 2, dtype=torch.float32)
+    _library().axon_act_and_mul(
+        x.data_ptr(), x.stride(0), out.data_ptr(), tokens, width // 2, ACTIVATIONS[activation]
+    )
+    return out
+
+
+def cache_write(
+    k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache
+) -> None:
+    """k_cache[slots] = k and v_cache[slots] = v for k / v [T, Hkv, D] (token rows may be
+    strided, each row contiguous)."""
+    tokens, width = k.shape[0], k.shape[1] * k.shape[2]
+    k, v = (t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous() for t in (k, v))
+    slots = slots.contiguous()
+    _library().axon_cache_write(
+        k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slots.data_ptr(), tokens, width,
+        k_cache.data_ptr(), v_cache.data_ptr(),
+    )  # fmt: skip

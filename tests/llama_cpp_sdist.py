@@ -1,0 +1,61 @@
+"""llama.cpp's source as the `llama-cpp-python` sdist vendors it: fetched once from the package
+index with pip and cached under ~/.cache/axon-test, then only the members a test needs are
+extracted next to it. The tokenizer tests read its `models/` (vocab test vectors, chat templates);
+the GGUF tests run its `convert_hf_to_gguf.py`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+CACHE = Path.home() / ".cache" / "axon-test"
+SDIST_CACHE = CACHE / "llama-cpp-python"
+# Copies other scripts of this project may already have fetched (the benchmarks' llama.cpp).
+SDIST_ELSEWHERE = (Path("/tmp/lcp"), Path.home() / ".cache" / "axon-bench")
+LLAMA_CPP_IN_SDIST = "vendor/llama.cpp/"
+
+
+def _find_sdist(directory: Path) -> Path | None:
+    archives = sorted(directory.glob("llama_cpp_python-*.tar.gz"))
+    return archives[-1] if archives else None
+
+
+def download_sdist() -> Path:
+    """The sdist in SDIST_CACHE: reused if present, else copied from where another script put
+    it, else downloaded with pip. Skips the calling test when none can be had."""
+    for directory in (SDIST_CACHE, *SDIST_ELSEWHERE):
+        if directory.is_dir() and (found := _find_sdist(directory)) is not None:
+            return found
+    SDIST_CACHE.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+    command += ["llama-cpp-python", "-d", str(SDIST_CACHE)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    found = _find_sdist(SDIST_CACHE)
+    if found is None:
+        pytest.skip(f"cannot download the llama-cpp-python sdist: {result.stderr[-300:]}")
+    return found
+
+
+def extract_llama_cpp(subdir: str, wanted: Callable[[str], bool], suffix: str = "") -> Path:
+    """The directory holding the members of the sdist's `vendor/llama.cpp/<subdir>` whose path
+    below it `wanted` accepts (extracted once, into SDIST_CACHE/<sdist name><suffix>)."""
+    sdist = download_sdist()
+    prefix = LLAMA_CPP_IN_SDIST + subdir
+    target = SDIST_CACHE / (sdist.name.removesuffix(".tar.gz") + suffix)
+    done = target / ".extracted"
+    if not done.exists():
+        with tarfile.open(sdist) as archive:
+            members = []
+            for member in archive.getmembers():
+                rest = member.name.split(prefix, 1)[1] if prefix in member.name else None
+                if member.isfile() and rest is not None and wanted(rest):
+                    member.name = rest
+                    members.append(member)
+            archive.extractall(target, members=members, filter="data")
+        done.touch()
+    return target
