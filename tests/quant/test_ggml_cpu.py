@@ -58,3 +58,21 @@ def test_int4_fallback_stays_within_bf16_tolerance(qtype):
     got = int4_matmul(x, repack_int4(qt.data, qtype, ROWS))
     want = matmul_ref(x, qt)
     assert float((got - want).abs().max()) <= FAST_PATH_RTOL * float(want.abs().max())
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 32, 40])
+@pytest.mark.parametrize("cols", [64, 100])
+def test_small_batch_linear_matches_f_linear(rows, cols):
+    from axon.layers.linear import SmallBatchLinear
+
+    gen = torch.Generator().manual_seed(rows * cols)
+    weight, bias = torch.randn(70, cols, generator=gen), torch.randn(70, generator=gen)
+    x = torch.randn(rows, cols, generator=gen)
+    linear = SmallBatchLinear()
+    for b in (None, bias):
+        got, want = linear(x, weight, b), torch.nn.functional.linear(x, weight, b)
+        assert float((got - want).abs().max()) <= FP32_RTOL * float(want.abs().max())
+    # The kernel runs only where it applies: float32 CPU, K a multiple of 32, <= MAX_ROWS rows.
+    assert (linear._weights is not None) == (cols % 32 == 0 and rows <= linear.MAX_ROWS)
+    weight.data = torch.randn(70, cols, generator=gen)  # a reload: re-prepared, not stale
+    assert torch.allclose(linear(x, weight), torch.nn.functional.linear(x, weight), atol=1e-4)

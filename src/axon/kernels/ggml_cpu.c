@@ -23,7 +23,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -84,6 +84,7 @@ INLINE int block_bytes(int type) {
     case Q5_0: return 22;
     case Q5_1: return 24;
     case Q8_0: return 34;
+    case F32: return 128; /* float32 rows, handled as blocks of 32 */
     case Q4_K: return 144;
     case Q5_K: return 176;
     default: return 210; /* Q6_K */
@@ -97,7 +98,8 @@ INLINE int scale_group(int type) { return type == Q6_K ? 16 : 32; }
 
 int axon_ggml_supported(int type) {
     switch (type) {
-    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q4_K: case Q5_K: case Q6_K:
+    case F32: case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q4_K: case Q5_K:
+    case Q6_K:
         return 1;
     default: return 0;
     }
@@ -139,6 +141,7 @@ INLINE void k_scales(const uint8_t *b, Scales *s) {
 
 INLINE void block_scales(int type, const uint8_t *b, Scales *s) {
     switch (type) {
+    case F32: break;
     case Q4_0: case Q5_0: case Q8_0: s->scale[0] = f16(b); break;
     case Q4_1: case Q5_1: s->scale[0] = f16(b); s->bias[0] = f16(b + 2); break;
     case Q4_K: case Q5_K: k_scales(b, s); break;
@@ -191,6 +194,7 @@ typedef struct {
 
 /* Codes 8 * j .. 8 * j + 7 as float lanes. */
 INLINE f32x8 codes8(int type, const Codes *c, int j) {
+    if (type == F32) return load8((const float *)c->mem + 8 * j);
     if (type == Q8_0) return bytes8(c->mem + 8 * j);
 #ifdef __AVX2__
     __m128i half = j < 2 ? _mm256_castsi256_si128(c->reg) : _mm256_extracti128_si256(c->reg, 1);
@@ -203,6 +207,10 @@ INLINE f32x8 codes8(int type, const Codes *c, int j) {
 
 /* Weights 32 * sub .. 32 * sub + 31 of a block. */
 INLINE void codes32(int type, const uint8_t *b, int sub, Codes *c) {
+    if (type == F32) { /* the weights themselves */
+        c->mem = (const int8_t *)b;
+        return;
+    }
     if (type == Q8_0) {
         c->mem = (const int8_t *)(b + 2);
         return;
@@ -267,6 +275,7 @@ INLINE void codes32(int type, const uint8_t *b, int sub, Codes *c) {
 /* Weights 32 * sub + 8 * j .. + 7 in float32, exactly as gguf-py dequantizes them. */
 INLINE f32x8 weights8(int type, const Codes *codes, const Scales *s, int sub, int j) {
     const f32x8 q = codes8(type, codes, j);
+    if (type == F32) return q;
     const float scale = s->scale[type == Q6_K ? 2 * sub + j / 2 : sub];
     return has_bias(type) ? scale * q + s->bias[sub] : scale * q;
 }
@@ -303,6 +312,9 @@ __attribute__((constructor)) static void init_fifth_bits(void) {
 INLINE f32x8 block_dot(int type, const uint8_t *b, const float *x, const Scales *s) {
     f32x8 out = {0};
     switch (type) {
+    case F32:
+        for (int j = 0; j < 4; j++) out += load8((const float *)b + 8 * j) * load8(x + 8 * j);
+        return out;
     case Q8_0:
         for (int j = 0; j < 4; j++) out += bytes8((const int8_t *)b + 2 + 8 * j) * load8(x + 8 * j);
         return s->scale[0] * out;
@@ -477,6 +489,7 @@ ROWS_KERNEL(rows_q8_0, Q8_0)
 ROWS_KERNEL(rows_q4_k, Q4_K)
 ROWS_KERNEL(rows_q5_k, Q5_K)
 ROWS_KERNEL(rows_q6_k, Q6_K)
+ROWS_KERNEL(rows_f32, F32)
 
 typedef void (*rows_fn)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *,
                         const float *, int64_t, int64_t, float *, int64_t);
@@ -491,6 +504,7 @@ static rows_fn rows_kernel(int type) {
     case Q4_K: return rows_q4_k;
     case Q5_K: return rows_q5_k;
     case Q6_K: return rows_q6_k;
+    case F32: return rows_f32;
     default: return 0;
     }
 }
@@ -579,6 +593,7 @@ int axon_ggml_dequant(int type, const uint8_t *w, int64_t rows, int64_t cols, fl
             DEQUANT_CASE(Q4_K)
             DEQUANT_CASE(Q5_K)
             DEQUANT_CASE(Q6_K)
+            DEQUANT_CASE(F32)
 #undef DEQUANT_CASE
         }
     }

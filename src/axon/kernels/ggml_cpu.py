@@ -23,6 +23,7 @@ from axon.kernels import build
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("ggml_cpu.c")
+F32 = 0  # the C kernel also multiplies plain float32 rows (as 32-wide "blocks")
 MAX_TOKENS = 64  # the C kernel's limit per call; longer batches dequantize and use F.linear
 DEQUANT_CHUNK_BYTES = 16 << 20  # float32 rows dequantized at once on that path
 # Below this many weight bytes a matmul runs on one thread: a layer of a small model takes
@@ -130,3 +131,15 @@ def ggml_matmul(
     `out`, when given, is a float32 [T, rows] view whose rows may be strided (a column slice of
     a wider output); it is returned."""
     return GGMLWeights([(ggml_type, raw)], cols).matmul(x, out)
+
+
+def dense_weights(weight: torch.Tensor) -> GGMLWeights | None:
+    """A float32 weight [N, K] as a one-part GGMLWeights (its own memory, no copy), or None
+    where the C kernel does not apply (other dtypes or devices, K not a multiple of 32, no
+    compiler). At 2-64 rows torch's float32 GEMM (MKL) runs far below the memory bandwidth on
+    some CPUs (3x slower at 2 rows than at 1 on AMD EPYC); this kernel stays bandwidth-bound."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+        return None
+    if weight.shape[1] % 32 or not weight.is_contiguous() or not supports(F32):
+        return None
+    return GGMLWeights([(F32, weight.view(torch.uint8))], weight.shape[1])

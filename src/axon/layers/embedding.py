@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from axon.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
+from axon.layers.linear import SmallBatchLinear
 from axon.layers.quantized import QuantizedEmbedding, QuantizedMatmul, QuantizedTensor
 
 
@@ -65,6 +66,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__(vocab_size, hidden_size)
         self.head: QuantizedMatmul | None = None  # an untied GGUF `output.weight`
+        self._linear = SmallBatchLinear()
         self._tied: tuple[VocabParallelEmbedding, ...] = ()  # a tuple: not a submodule
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
@@ -84,7 +86,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         matmul = self._quantized_matmul()
         if matmul is not None:
             return matmul(hidden)[:, : self.vocab_size]  # [B, V]
-        logits = F.linear(hidden, self.weight)  # [B, V / tp]
+        logits = self._linear(hidden, self.weight)  # [B, V / tp]
         if self.tp_size > 1:
             logits = tp_all_gather(logits, dim=-1)
         return logits[:, : self.vocab_size]

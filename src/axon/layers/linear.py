@@ -12,7 +12,33 @@ import torch.nn.functional as F
 from torch import nn
 
 from axon.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
+from axon.kernels import ggml_cpu
 from axon.layers.quantized import QuantizedParts, QuantizedTensor
+
+
+class SmallBatchLinear:
+    """`F.linear` whose float32 CPU batches of up to MAX_ROWS rows (decode steps) run on the C
+    kernel, reading the weight in place; larger ones and other dtypes and devices take
+    `F.linear`, the reference twin. Prepared for one weight at a time (it follows the weight's
+    memory, so a reload re-prepares)."""
+
+    # Measured against torch's (MKL) float32 GEMM on a 2-core AMD EPYC: 1.2-1.4x at 1 row,
+    # 1.3-5x at 2-16 rows, 0.8-2x at 64 rows (where MKL's blocking starts to pay).
+    MAX_ROWS = 32
+
+    def __init__(self) -> None:
+        self._weights: ggml_cpu.GGMLWeights | None = None
+        self._address: int | None = None
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        small = x.dim() == 2 and x.shape[0] <= self.MAX_ROWS
+        if small and x.dtype == torch.float32 and x.device.type == "cpu":
+            if self._address != weight.data_ptr():
+                self._weights, self._address = ggml_cpu.dense_weights(weight), weight.data_ptr()
+            if self._weights is not None:
+                y = self._weights.matmul(x)  # [T, N]
+                return y if bias is None else y.add_(bias)
+        return F.linear(x, weight, bias)
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -44,6 +70,7 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.quantized: QuantizedParts | None = None
+        self._linear = SmallBatchLinear()
 
     def _load(self, param: nn.Parameter, loaded, *shard_id) -> None:
         if isinstance(loaded, QuantizedTensor):
@@ -78,7 +105,7 @@ class LinearBase(nn.Module):
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quantized is None:
-            return F.linear(x, self.weight, bias)
+            return self._linear(x, self.weight, bias)
         out = self.quantized(x)  # [T, out]
         return out if bias is None else out + bias
 
