@@ -1,15 +1,16 @@
 """Compiles axon's C kernels once per machine and loads them with ctypes.
 
-Each C file is built with the system C compiler (`$CC`, else `cc`, else `gcc`) into the cache
-(`$AXON_CACHE_DIR/kernels`, else `$XDG_CACHE_HOME/axon/kernels`, else `~/.cache/axon/kernels`),
-under a name that hashes the source, the flags and the CPU's feature flags, so an edit or a new
-machine rebuilds and everything else reuses the file. `load` returns None when there is no
-compiler or the build fails; callers then take their pure-PyTorch path.
+The C files are built together into one library with the system C compiler (`$CC`, else `cc`,
+else `gcc`) into the cache (`$AXON_CACHE_DIR/kernels`, else `$XDG_CACHE_HOME/axon/kernels`, else
+`~/.cache/axon/kernels`), under a name that hashes the sources, the flags and the CPU's feature
+flags, so an edit or a new machine rebuilds and everything else reuses the file. `load` returns
+None when there is no compiler or the build fails; callers then take their pure-PyTorch path.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -38,10 +39,16 @@ def _cpu_flags() -> str:
     return next((line for line in lines if line.startswith("flags")), "")
 
 
-def _build(compiler: str, source: Path) -> Path:
-    """Compile `source` (once: the name hashes source, flags and CPU) and return the .so."""
-    key = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode())
-    target = cache_dir() / "kernels" / f"{source.stem}-{key.hexdigest()[:16]}.so"
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("ggml_cpu.c", "cpu_ops.c", "cpu_layer.c")
+)
+
+
+def _build(compiler: str, sources: tuple[Path, ...]) -> Path:
+    """Compile `sources` into one library (once: the name hashes sources, flags and CPU)."""
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in sources))
+    key.update(" ".join(FLAGS).encode() + _cpu_flags().encode())
+    target = cache_dir() / "kernels" / f"axon_cpu-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -49,7 +56,7 @@ def _build(compiler: str, source: Path) -> Path:
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *FLAGS, str(source), "-o", tmp, "-lm"],
+            [compiler, *FLAGS, *map(str, sources), "-o", tmp, "-lm"],
             check=True,
             capture_output=True,
             text=True,
@@ -61,15 +68,17 @@ def _build(compiler: str, source: Path) -> Path:
     return target
 
 
-def load(source: Path) -> ctypes.CDLL | None:
-    """The compiled library of `source`, or None (logged) without a compiler or on failure."""
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """axon's C kernels (every file of SOURCES in one library), or None (logged) without a
+    compiler or when the build fails."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
-        logger.warning("no C compiler: %s is not built, the PyTorch path runs instead", source.name)
+        logger.warning("no C compiler: the C kernels are not built, the PyTorch paths run instead")
         return None
     try:
-        return ctypes.CDLL(str(_build(compiler, source)))
+        return ctypes.CDLL(str(_build(compiler, SOURCES)))
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", None) or exc
-        logger.warning("building %s failed (%s); the PyTorch path runs instead", source, detail)
+        logger.warning("building the C kernels failed (%s); the PyTorch paths run instead", detail)
         return None

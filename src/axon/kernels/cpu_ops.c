@@ -72,14 +72,16 @@ static float dot(const float *a, const float *b, int64_t n) {
 }
 
 /* One decode query per sequence over its cached keys, read in place from the paged cache.
- *   q        [batch, heads, head_dim]; query head h reads KV head h / (heads / kv_heads)
+ *   q        [batch, heads, head_dim], rows ldq floats apart; query head h reads KV head
+ *            h / (heads / kv_heads)
  *   k/v      [slots, kv_heads, head_dim] caches
  *   slots    [batch, width] cache slot of each context position (padding beyond its length)
  *   lens     [batch] context lengths; a window > 0 keeps the last `window` positions
  *   softcap  > 0: scores = tanh(scores / softcap) * softcap
  *   out      [batch, heads, head_dim]
  * `scratch` holds threads * width floats of scores. */
-void axon_paged_decode_attention(const float *q, const float *k_cache, const float *v_cache,
+void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cache,
+                                 const float *v_cache,
                                  const int64_t *slots, int64_t width, const int64_t *lens,
                                  int64_t batch, int64_t heads, int64_t kv_heads,
                                  int64_t head_dim, float scale, float softcap, int64_t window,
@@ -94,7 +96,7 @@ void axon_paged_decode_attention(const float *q, const float *k_cache, const flo
 #endif
         const int64_t b = pair / heads, h = pair % heads, kv = h / group;
         const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
-        const float *qh = q + pair * head_dim;
+        const float *qh = q + b * ldq + h * head_dim;
         float *o = out + pair * head_dim;
         float top = -INFINITY;
         for (int64_t p = start; p < len; p++) {

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 
 from axon.kernels import build
 
-SOURCE = Path(__file__).with_name("cpu_ops.c")
 # Work (multiply-adds) below which attention runs on one thread: waking a second costs more.
 PARALLEL_MIN_WORK = 1 << 18
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = build.load(SOURCE)
+    lib = build.load()
     if lib is None:
         return None
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -34,7 +32,7 @@ def _library() -> ctypes.CDLL | None:
     lib.axon_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
     lib.axon_cache_write.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr]
     lib.axon_paged_decode_attention.argtypes = [
-        *(ptr, ptr, ptr, ptr, i64, ptr),
+        *(ptr, i64, ptr, ptr, ptr, i64, ptr),
         *(i64, i64, i64, i64, f32, f32, i64),
         *(ptr, ptr, i32),
     ]
@@ -95,7 +93,8 @@ def paged_decode_attention(
     scratch = torch.empty(threads * width, dtype=torch.float32)
     out = torch.empty_like(q)
     _library().axon_paged_decode_attention(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), key_slots.data_ptr(), width,
+        q.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
+        key_slots.data_ptr(), width,
         context_lens.data_ptr(), batch, heads, k_cache.shape[1], head_dim, scale,
         softcap or 0.0, window or 0, out.data_ptr(), scratch.data_ptr(), threads,
     )  # fmt: skip

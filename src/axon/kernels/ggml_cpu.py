@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from pathlib import Path
 
 import torch
 
@@ -22,7 +21,6 @@ from axon.kernels import build
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ggml_cpu.c")
 F32 = 0  # the C kernel also multiplies plain float32 rows (as 32-wide "blocks")
 MAX_TOKENS = 64  # the C kernel's limit per call; longer batches dequantize and use F.linear
 DEQUANT_CHUNK_BYTES = 16 << 20  # float32 rows dequantized at once on that path
@@ -34,7 +32,7 @@ PARALLEL_MIN_BYTES = 256 << 10
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = build.load(SOURCE)
+    lib = build.load()
     if lib is None:
         logger.warning("GGUF matmuls use the int4 kernel (bf16 activations) instead")
         return None
@@ -94,7 +92,7 @@ class GGMLWeights:
         self._ptrs = (ctypes.c_void_p * count)(*(raw.data_ptr() for _, raw in parts))
         self._rows = (ctypes.c_int64 * count)(*(raw.shape[0] for _, raw in parts))
         size = sum(raw.numel() for _, raw in parts)
-        self._parallel = size >= PARALLEL_MIN_BYTES
+        self.parallel = size >= PARALLEL_MIN_BYTES
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, cols] -> [T, rows] float32 (into `out`, a float32 view with contiguous rows,
@@ -112,7 +110,7 @@ class GGMLWeights:
                 _dequant_matmul(x, raw, ggml_type, self.cols, out[:, start : start + raw.shape[0]])
                 start += raw.shape[0]
             return out
-        threads = torch.get_num_threads() if self._parallel else 1
+        threads = torch.get_num_threads() if self.parallel else 1
         status = _library().axon_ggml_matmul_parts(
             len(self.parts), self._types, self._ptrs, self._rows, self.cols,
             x.data_ptr(), tokens, out.data_ptr(), out.stride(0), threads,

@@ -139,6 +139,12 @@ class QuantizedParts(nn.Module):
             start += part.out_features
         return out  # [T, sum(N)]
 
+    def ggml_weights(self) -> ggml_cpu.GGMLWeights | None:
+        """Every part as one prepared C call, or None when some part is not on that kernel."""
+        if not self._prepared:
+            self._prepare()
+        return self._ggml
+
     def _prepare(self) -> None:
         self._prepared = True
         missing = [key for key in self.order if key not in self.parts]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from axon.layers import fused_decode
 from axon.layers.norm import RMSNorm
 from axon.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
@@ -30,6 +31,9 @@ class Gemma3DecoderLayer(LlamaDecoderLayer):
         self.post_feedforward_layernorm = RMSNorm(size, eps, unit_offset=True)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        fused = fused_decode.run(self, positions, hidden)  # the whole layer in one kernel
+        if fused is not None:
+            return fused
         attn_out = self.self_attn(positions, self.input_layernorm(hidden))
         hidden = hidden + self.post_attention_layernorm(attn_out)
         mlp_out = self.mlp(self.pre_feedforward_layernorm(hidden))

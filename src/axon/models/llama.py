@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from axon.distributed.parallel_state import get_tp_size
+from axon.layers import fused_decode
 from axon.layers.activation import get_act_and_mul
 from axon.layers.attention import Attention
 from axon.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -99,6 +100,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        fused = fused_decode.run(self, positions, hidden)  # the whole layer in one kernel
+        if fused is not None:
+            return fused
         hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden))
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 

@@ -1,0 +1,113 @@
+/* One decoder layer of a decode step (Llama, Qwen2, Qwen3, Gemma 3) in a single call, for the
+ * CPU: the same C functions the layer's own PyTorch forward calls one by one (RMSNorm, the GGML
+ * or float32 matmul, rotary, the KV cache write, paged decode attention, the gated activation),
+ * in the same order on the same data, without a Python round trip between them. A small model's
+ * decode step is otherwise mostly Python: ~0.5 ms per layer of dispatch around ~0.6 ms of
+ * matmuls. The layer's PyTorch forward is the reference twin (layers/fused_decode.py). */
+#include <stdint.h>
+#include <string.h>
+
+/* ---- the functions of ggml_cpu.c and cpu_ops.c this file strings together ---------------- */
+int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
+                           const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
+                           float *y, int64_t ldy, int threads);
+void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo,
+                   int64_t rows, int64_t dim, float eps, int unit_offset);
+void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
+                 int64_t rotary_dim, const int64_t *positions, const float *inv_freq);
+void axon_cache_write(const float *k, int64_t ldk, const float *v, int64_t ldv,
+                      const int64_t *slots, int64_t tokens, int64_t width, float *k_cache,
+                      float *v_cache);
+void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cache,
+                                 const float *v_cache, const int64_t *slots, int64_t width,
+                                 const int64_t *lens, int64_t batch, int64_t heads,
+                                 int64_t kv_heads, int64_t head_dim, float scale, float softcap,
+                                 int64_t window, float *out, float *scratch, int threads);
+void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
+                      int kind);
+
+/* A projection: up to 3 GGML (or float32) weights side by side in the output. */
+typedef struct {
+    int32_t parts, parallel;
+    int32_t types[3];
+    const uint8_t *weights[3];
+    int64_t rows[3];
+} Projection;
+
+/* Everything about one layer that does not change between steps (mirrored by ctypes in
+ * layers/fused_decode.py: keep the field order). NULL norms are absent. */
+typedef struct {
+    int64_t hidden, heads, kv_heads, head_dim, rotary_dim, inter, window;
+    float eps, scale, softcap;
+    int32_t unit_offset, activation;
+    const float *input_norm;    /* before attention */
+    const float *attn_out_norm; /* on attention's output before the residual add (Gemma) */
+    const float *mlp_in_norm;   /* before the MLP */
+    const float *mlp_out_norm;  /* on the MLP's output before the residual add (Gemma) */
+    const float *q_norm, *k_norm, *qkv_bias, *inv_freq;
+    float *k_cache, *v_cache;
+    Projection qkv, o, gate_up, down;
+} Layer;
+
+static int project(const Projection *p, const float *x, int64_t tokens, int64_t cols, float *y,
+                   int64_t ldy, int threads) {
+    return axon_ggml_matmul_parts(p->parts, p->types, p->weights, p->rows, cols, x, tokens, y,
+                                  ldy, p->parallel ? threads : 1);
+}
+
+/* hidden += norm(y) (norm may be NULL: hidden += y), rows of `dim`. */
+static void residual_add(float *hidden, float *y, const float *norm, int64_t tokens, int64_t dim,
+                         float eps, int unit_offset) {
+    if (norm) axon_rms_norm(y, dim, norm, y, dim, tokens, dim, eps, unit_offset);
+    for (int64_t i = 0; i < tokens * dim; i++) hidden[i] += y[i];
+}
+
+/* Floats of scratch axon_decode_layer needs. */
+int64_t axon_decode_layer_scratch(const Layer *l, int64_t tokens, int64_t width, int threads) {
+    const int64_t q_width = l->heads * l->head_dim, kv_width = l->kv_heads * l->head_dim;
+    const int64_t per_token = 2 * l->hidden + q_width + 2 * kv_width + q_width + 3 * l->inter;
+    return tokens * per_token + (int64_t)threads * width;
+}
+
+/* hidden [tokens, hidden] <- the layer's output, in place, for `tokens` decode queries (one per
+ * sequence): positions, cache slots of the new keys, each query's key slots [tokens, width] and
+ * context lengths. Returns 0, or -1 when a matmul rejects its weights. */
+int axon_decode_layer(const Layer *l, float *hidden, int64_t tokens, const int64_t *positions,
+                      const int64_t *slot_mapping, const int64_t *key_slots, int64_t width,
+                      const int64_t *lens, float *scratch, int threads) {
+    const int64_t dim = l->hidden, D = l->head_dim, q_width = l->heads * D;
+    const int64_t kv_width = l->kv_heads * D, qkv_width = q_width + 2 * kv_width;
+    float *x = scratch, *qkv = x + tokens * dim, *attn = qkv + tokens * qkv_width;
+    float *y = attn + tokens * q_width, *gate_up = y + tokens * dim;
+    float *act = gate_up + tokens * 2 * l->inter, *scores = act + tokens * l->inter;
+
+    axon_rms_norm(hidden, dim, l->input_norm, x, dim, tokens, dim, l->eps, l->unit_offset);
+    if (project(&l->qkv, x, tokens, dim, qkv, qkv_width, threads)) return -1;
+    if (l->qkv_bias)
+        for (int64_t t = 0; t < tokens; t++)
+            for (int64_t i = 0; i < qkv_width; i++) qkv[t * qkv_width + i] += l->qkv_bias[i];
+    float *q = qkv, *k = qkv + q_width, *v = k + kv_width;
+    if (l->q_norm) /* per head, in place: a token's heads are consecutive rows of D */
+        for (int64_t t = 0; t < tokens; t++) {
+            float *qt = q + t * qkv_width, *kt = k + t * qkv_width;
+            axon_rms_norm(qt, D, l->q_norm, qt, D, l->heads, D, l->eps, l->unit_offset);
+            axon_rms_norm(kt, D, l->k_norm, kt, D, l->kv_heads, D, l->eps, l->unit_offset);
+        }
+    axon_rotary(q, qkv_width, tokens, l->heads, D, l->rotary_dim, positions, l->inv_freq);
+    axon_rotary(k, qkv_width, tokens, l->kv_heads, D, l->rotary_dim, positions, l->inv_freq);
+    axon_cache_write(k, qkv_width, v, qkv_width, slot_mapping, tokens, kv_width, l->k_cache,
+                     l->v_cache);
+    const int64_t work = tokens * l->heads * width * D;
+    axon_paged_decode_attention(q, qkv_width, l->k_cache, l->v_cache, key_slots, width, lens,
+                                tokens, l->heads, l->kv_heads, D, l->scale, l->softcap,
+                                l->window, attn, scores, work >= (1 << 18) ? threads : 1);
+    if (project(&l->o, attn, tokens, q_width, y, dim, threads)) return -1;
+    residual_add(hidden, y, l->attn_out_norm, tokens, dim, l->eps, l->unit_offset);
+
+    axon_rms_norm(hidden, dim, l->mlp_in_norm, x, dim, tokens, dim, l->eps, l->unit_offset);
+    if (project(&l->gate_up, x, tokens, dim, gate_up, 2 * l->inter, threads)) return -1;
+    axon_act_and_mul(gate_up, 2 * l->inter, act, tokens, l->inter, l->activation);
+    if (project(&l->down, act, tokens, l->inter, y, dim, threads)) return -1;
+    residual_add(hidden, y, l->mlp_out_norm, tokens, dim, l->eps, l->unit_offset);
+    return 0;
+}
