@@ -113,3 +113,13 @@ def test_cache_write_scatters_strided_rows():
     want_k.index_copy_(0, slots, k)
     want_v.index_copy_(0, slots, v)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+def test_argmax_matches_torch_including_ties_and_nan():
+    x = torch.randn(6, 1003, generator=torch.Generator().manual_seed(0))
+    x[1, 10] = x[1, 500] = x[1].max() + 1  # a tie: the first wins
+    x[2, 700] = float("nan")  # a NaN wins
+    x[3, 5] = x[3, 900] = float("nan")  # the first NaN
+    x[4] = float("-inf")  # all -inf: index 0
+    x[5, 1002] = 50.0  # in the scalar tail
+    assert torch.equal(cpu_ops.argmax(x), x.argmax(dim=-1))

@@ -193,3 +193,37 @@ void axon_cache_write(const float *k, int64_t ldk, const float *v, int64_t ldv,
         memcpy(v_cache + slots[t] * width, v + t * ldv, width * sizeof(float));
     }
 }
+
+/* ---- greedy sampling ---------------------------------------------------------------------- */
+
+/* out[r] = the first index of the largest value of row r (rows ld floats apart), as torch's
+ * argmax: a NaN counts as larger than everything, so the first NaN wins. One vector pass for
+ * the maximum (and whether a NaN is present), then a scan for its first position. */
+void axon_argmax_rows(const float *x, int64_t ld, int64_t rows, int64_t cols, int64_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * ld;
+        f32x8 best = (f32x8){0} - INFINITY;
+        i32x8 nan = {0};
+        int64_t i = 0;
+        for (; i + 8 <= cols; i += 8) {
+            f32x8 v;
+            memcpy(&v, row + i, sizeof v);
+            nan |= v != v;
+            best = select8(v > best, v, best);
+        }
+        float top = -INFINITY;
+        int has_nan = 0;
+        for (int l = 0; l < 8; l++) {
+            top = best[l] > top ? best[l] : top;
+            has_nan |= nan[l] != 0;
+        }
+        for (; i < cols; i++) {
+            has_nan |= row[i] != row[i];
+            top = row[i] > top ? row[i] : top;
+        }
+        int64_t index = 0;
+        for (i = 0; i < cols; i++)
+            if (has_nan ? row[i] != row[i] : row[i] == top) break;
+        out[r] = i < cols ? i : index;
+    }
+}

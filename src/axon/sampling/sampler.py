@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from axon.kernels import cpu_ops
 from axon.sampling.metadata import FilteredRows, PenaltyTensors, RandomRows, SamplingMetadata
 
 _MASK32 = 0xFFFFFFFF
@@ -69,7 +70,7 @@ class Sampler(nn.Module):
         """Return each row's token [B]: argmax for greedy rows, a draw for the others."""
         token_ids = torch.empty(meta.num_rows, dtype=torch.long, device=logits.device)  # [B]
         if meta.greedy_rows is not None:
-            token_ids[meta.greedy_rows] = _take_rows(logits, meta.greedy_rows).argmax(dim=-1)
+            token_ids[meta.greedy_rows] = greedy(_take_rows(logits, meta.greedy_rows))
         if meta.plain is not None:
             token_ids[meta.plain.rows] = sample_plain(logits, meta.plain, self._vocab_hash(logits))
         if meta.filtered is not None:
@@ -85,6 +86,13 @@ class Sampler(nn.Module):
             vocab = torch.arange(logits.shape[-1], dtype=torch.long, device=logits.device)
             self._vocab_hashes[cache_key] = hash32_(vocab)  # [V]
         return self._vocab_hashes[cache_key]
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the vocabulary [B]; the C kernel on CPU float32 (same result)."""
+    if cpu_ops.usable(logits) and logits.dim() == 2:
+        return cpu_ops.argmax(logits)
+    return logits.argmax(dim=-1)
 
 
 def _take_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
