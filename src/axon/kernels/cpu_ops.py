@@ -1,9 +1,8 @@
 """Fused float32 CPU operations (cpu_ops.c, through ctypes): RMSNorm, rotary, gated
 activations, the KV cache write, paged decode attention and greedy argmax. Each replaces a
 sequence of small torch ops whose dispatch costs far more than its arithmetic at decode sizes;
-each has a
-pure-PyTorch reference twin in `axon.layers` that runs on other devices and dtypes, and that the
-tests compare against.
+each has a pure-PyTorch reference twin in `axon.layers` that runs on other devices and dtypes,
+and that the tests compare against.
 
 `usable(*tensors)` says whether a call may take this path: the library built, every tensor a
 float32 CPU tensor.
