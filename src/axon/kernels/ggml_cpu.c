@@ -351,18 +351,26 @@ INLINE f32x8 block_dot(int type, const uint8_t *b, const float *x, const Scales 
         }
         return out;
     }
-    default: /* Q6_K */
+    default: /* Q6_K, codes kept unsigned (32 too high: gemv subtracts 32 * scale * sum(x)) */
         for (int h = 0; h < 2; h++)
-            for (int l = 0; l < 4; l++) {
-                const i32x8 a = widen_u8(b + 64 * h + 8 * l), c = widen_u8(b + 64 * h + 32 + 8 * l);
-                const i32x8 high = widen_u8(b + 128 + 32 * h + 8 * l);
-                const i32x8 q[4] = {(a & 0x0F) | ((high & 3) << 4),
-                                    (c & 0x0F) | (((high >> 2) & 3) << 4),
-                                    (a >> 4) | (((high >> 4) & 3) << 4),
-                                    (c >> 4) | ((high >> 6) << 4)};
+            for (int pair = 0; pair < 2; pair++) { /* weights 16 * pair .. + 15 of each part */
+                i32x8 a[2], c[2], high[2];
+                for (int i = 0; i < 2; i++) {
+                    const int l = 2 * pair + i;
+                    a[i] = widen_u8(b + 64 * h + 8 * l);
+                    c[i] = widen_u8(b + 64 * h + 32 + 8 * l);
+                    high[i] = widen_u8(b + 128 + 32 * h + 8 * l);
+                }
                 for (int part = 0; part < 4; part++) {
-                    const float scale = s->scale[8 * h + 2 * part + l / 2];
-                    out += scale * (cvt(q[part] - 32) * load8(x + 128 * h + 32 * part + 8 * l));
+                    f32x8 sum = {0};
+                    for (int i = 0; i < 2; i++) {
+                        const i32x8 lo = part & 1 ? c[i] : a[i];
+                        const i32x8 nibble = part < 2 ? lo & 0x0F : lo >> 4;
+                        const i32x8 top = part < 3 ? (high[i] << (4 - 2 * part)) & 0x30
+                                                   : (high[i] >> 2) & 0x30;
+                        sum += cvt(nibble | top) * load8(x + 128 * h + 32 * part + 16 * pair + 8 * i);
+                    }
+                    out += s->scale[8 * h + 2 * part + pair] * sum;
                 }
             }
         return out;
@@ -384,6 +392,7 @@ INLINE float gemv_bias(int type, const Scales *s, int sub) {
 INLINE void gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, const float *x,
                  const float *xsum, float *y, const int R) {
     const int64_t ahead = prefetch_distance(row_bytes);
+    const float *xsum16 = xsum + blocks * block_size(type) / 32; /* sums over each 16 */
     const int B = block_size(type), bytes = block_bytes(type);
     const int biased = has_bias(type) || type == Q4_0 || type == Q5_0;
     f32x8 acc[4];
@@ -398,6 +407,10 @@ INLINE void gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, 
             acc[r] += block_dot(type, b, x + k * B, &s);
             if (type == Q4_K || type == Q5_K) /* eight biases, eight sums: one vector */
                 acc[r] += load8(s.bias) * load8(xsum + 8 * k);
+            else if (type == Q6_K) { /* -32 * scale per 16 weights, times their sum of x */
+                const float *sums = xsum16 + 16 * k;
+                acc[r] -= 32.0f * (load8(s.scale) * load8(sums) + load8(s.scale + 8) * load8(sums + 8));
+            }
             else if (biased)
                 bias_acc[r] += gemv_bias(type, &s, 0) * xsum[k];
         }
@@ -411,7 +424,7 @@ INLINE void tile(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, 
                  int64_t ldx, float *y, int64_t ldy, const int R, const int TT) {
     const int64_t ahead = prefetch_distance(row_bytes);
     const int B = block_size(type), bytes = block_bytes(type);
-    f32x8 acc[4][4]; /* fixed sizes (R, TT <= 4): a variable-length array would live in memory */
+    f32x8 acc[4][8]; /* fixed sizes (R <= 4, TT <= 8): a variable-length array lives in memory */
     for (int r = 0; r < R; r++)
         for (int t = 0; t < TT; t++) acc[r][t] = (f32x8){0};
     for (int64_t k = 0; k < blocks; k++) {
@@ -444,11 +457,16 @@ INLINE void tile(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, 
 INLINE void rows_of(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, int64_t begin,
                     int64_t end, const float *x, const float *xsum, int64_t ldx, int64_t tokens,
                     float *y, int64_t ldy) {
-    const int64_t full = tokens / 4 * 4, rest = tokens - full;
+    const int64_t eights = tokens / 8 * 8, full = tokens / 4 * 4, rest = tokens - full;
     int64_t n = begin;
     for (; n + 4 <= end; n += 4) {
         const uint8_t *wn = w + n * row_bytes;
-        for (int64_t t = 0; t < full; t += 4) {
+        /* A row's weights decoded once for 8 tokens: decoding costs as much as 4-5 products. */
+        for (int64_t t = 0; t < eights; t += 8)
+            for (int r = 0; r < 4; r++)
+                tile(type, wn + r * row_bytes, row_bytes, blocks, x + t * ldx, ldx,
+                     y + t * ldy + n + r, ldy, 1, 8);
+        for (int64_t t = eights; t < full; t += 4) {
             tile(type, wn, row_bytes, blocks, x + t * ldx, ldx, y + t * ldy + n, ldy, 2, 4);
             tile(type, wn + 2 * row_bytes, row_bytes, blocks, x + t * ldx, ldx,
                  y + t * ldy + n + 2, ldy, 2, 4);
@@ -523,8 +541,12 @@ int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws
     }
     if (tokens < 0) return -1;
     if (tokens == 0) return 0; /* e.g. a chunked-prefill step where no sequence samples */
-    /* Sums of x over each 32 weights of the last token (the batch-1 path's biases). */
-    float xsum[cols / 32];
+    /* Sums of x over each 32 and each 16 weights of the last token (the batch-1 biases). */
+    float xsum[cols / 32 + cols / 16]; /* per 32, then per 16 */
+    for (int64_t i = 0; i < cols / 16; i++) {
+        const float *xi = x + (tokens - 1) * cols + 16 * i;
+        xsum[cols / 32 + i] = sum8(load8(xi) + load8(xi + 8));
+    }
     for (int64_t i = 0; i < cols / 32; i++) {
         const float *xi = x + (tokens - 1) * cols + 32 * i;
         xsum[i] = sum8(load8(xi) + load8(xi + 8) + load8(xi + 16) + load8(xi + 24));
