@@ -4,7 +4,8 @@ For each model it measures, on both engines (each in a fresh process, alternatin
 --repeats): resident memory after load (RSS minus the runtime's own), prefill tok/s (one
 --prefill-len prompt), batch-1 decode tok/s ((N - 1) / (time(N tokens) - time(1 token))), and
 aggregate output tok/s at 4 and 16 concurrent streams (greedy, ignore EOS, prefill included).
-Decode bandwidth is the weight bytes read per token (the file size) times decode tok/s.
+Decode bandwidth is the weight bytes a decode step reads (every tensor but an untied input
+embedding, of which it gathers one row per token) times decode tok/s.
 
 llama.cpp is llama-cpp-python's batched C API (benchmarks/llamacpp_worker.py), built from the
 sdist into --llamacpp-venv (default ~/.cache/axon-bench/llamacpp-venv) when missing: about 11
@@ -183,8 +184,20 @@ def compare(model: Path, llama_python: Path, args: argparse.Namespace) -> dict:
     return {
         "model": model.name,
         "file_bytes": model.stat().st_size,
+        "read_bytes": bytes_read_per_token(model),
         **{name: best(r) for name, r in runs.items()},
     }
+
+
+def bytes_read_per_token(model: Path) -> int:
+    """Weight bytes a decode step reads: every tensor, except an untied input embedding (one row
+    is gathered per token; a tied one is read whole as the LM head)."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(model)).tensors}
+    if "output.weight" in tensors:
+        tensors.pop("token_embd.weight", None)
+    return sum(tensors.values())
 
 
 def table(results: list[dict], threads: int) -> str:
@@ -196,7 +209,7 @@ def table(results: list[dict], threads: int) -> str:
     for r in results:
         for name in ("axon", "llama.cpp"):
             m = r[name]
-            gbs = m["decode_tok_s"] * r["file_bytes"] / 1e9
+            gbs = m["decode_tok_s"] * r["read_bytes"] / 1e9
             s = m["streams_tok_s"]
             lines.append(
                 f"| {r['model']} | {name} | {m['rss_bytes'] / 2**20:.0f} | "
