@@ -13,6 +13,17 @@
 #include <omp.h>
 #endif
 
+static float dot(const float *a, const float *b, int64_t n) {
+    float lanes[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) lanes[l] += a[i + l] * b[i + l];
+    float s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+              ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
 /* out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w, or 1 + w with unit_offset); rows may be
  * strided (ldx, ldo floats apart), each row's `dim` values contiguous. */
 void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo,
@@ -20,14 +31,8 @@ void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int6
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * ldx;
         float *o = out + r * ldo;
-        float lanes[8] = {0};
-        int64_t i = 0;
-        for (; i + 8 <= dim; i += 8)
-            for (int l = 0; l < 8; l++) lanes[l] += xr[i + l] * xr[i + l];
-        float ss = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-                   ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-        for (; i < dim; i++) ss += xr[i] * xr[i];
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        const float inv = 1.0f / sqrtf(dot(xr, xr, dim) / (float)dim + eps);
+        int64_t i;
         if (unit_offset)
             for (i = 0; i < dim; i++) o[i] = (xr[i] * inv) * (1.0f + w[i]);
         else
@@ -60,16 +65,6 @@ void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t h
     }
 }
 
-static float dot(const float *a, const float *b, int64_t n) {
-    float lanes[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) lanes[l] += a[i + l] * b[i + l];
-    float s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
-              ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
 
 /* One decode query per sequence over its cached keys, read in place from the paged cache.
  *   q        [batch, heads, head_dim], rows ldq floats apart; query head h reads KV head
