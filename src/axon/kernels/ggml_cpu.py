@@ -1,8 +1,9 @@
 """GGML blocks read in place on the CPU with float32 activations (ggml_cpu.c, through ctypes).
 
-`ggml_matmul(x, raw, type, cols)` is `F.linear(x, dequantize(raw))` without the dense weight: the
-weight stays in its GGUF bytes (1.0x the file), the math is float32 (the tokens equal those of
-transformers running the dequantized model), and decode reads each weight byte once per step.
+`GGMLWeights(parts, cols).matmul(x)` is `F.linear(x, cat(dequantize(raw)))` without the dense
+weight: the weight stays in its GGUF bytes (1.0x the file), the math is float32 (the tokens equal
+those of transformers running the dequantized model), and decode reads each weight byte once per
+step.
 Its reference twin is `axon.layers.quantized.matmul_ref`.
 
 The C file is compiled once per machine (kernels/build.py); `available()` is False when it
@@ -119,16 +120,6 @@ class GGMLWeights:
             types = [t for t, _ in self.parts]
             raise ValueError(f"ggml_matmul: unsupported types {types} or cols {self.cols}")
         return out  # [T, rows]
-
-
-def ggml_matmul(
-    x: torch.Tensor, raw: torch.Tensor, ggml_type: int, cols: int, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """x [T, cols] -> x @ W.T [T, rows] float32, W given as raw rows [rows, row_bytes].
-
-    `out`, when given, is a float32 [T, rows] view whose rows may be strided (a column slice of
-    a wider output); it is returned."""
-    return GGMLWeights([(ggml_type, raw)], cols).matmul(x, out)
 
 
 def dense_weights(weight: torch.Tensor) -> GGMLWeights | None:
