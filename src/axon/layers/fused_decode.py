@@ -150,7 +150,7 @@ def _build_spec(layer) -> _Layer | None:
         qkv=_projection(weights[0]), o=_projection(weights[1]),
         gate_up=_projection(weights[2]), down=_projection(weights[3]),
     )  # fmt: skip
-    spec._keep = (weights, layer)  # the prepared weights' pointer arrays stay alive
+    spec._keep = weights  # the prepared weights (and their bytes) stay alive with the spec
     return spec
 
 
