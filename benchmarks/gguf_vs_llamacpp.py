@@ -201,10 +201,12 @@ def bytes_read_per_token(model: Path) -> int:
 
 
 def table(results: list[dict], threads: int) -> str:
+    streams = sorted({int(n) for r in results for n in r["axon"]["streams_tok_s"]})
     lines = [
-        f"| model | engine | RSS after load (MiB) | prefill tok/s | batch-1 decode tok/s "
-        f"(GB/s) | 4 streams tok/s | 16 streams tok/s |  ({threads} threads)",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| model | engine | RSS after load (MiB) | prefill tok/s | batch-1 decode tok/s (GB/s) | "
+        + "".join(f"{n} streams tok/s | " for n in streams)
+        + f" ({threads} threads)",
+        "| --- " * (5 + len(streams)) + "|",
     ]
     for r in results:
         for name in ("axon", "llama.cpp"):
@@ -214,16 +216,20 @@ def table(results: list[dict], threads: int) -> str:
             lines.append(
                 f"| {r['model']} | {name} | {m['rss_bytes'] / 2**20:.0f} | "
                 f"{m['prefill_tok_s']:.0f} | {m['decode_tok_s']:.1f} ({gbs:.1f}) | "
-                f"{s.get('4', 0):.1f} | {s.get('16', 0):.1f} |"
+                + "".join(f"{s.get(str(n), 0):.1f} | " for n in streams)
             )
         a, b = r["axon"], r["llama.cpp"]
+        ratios = []
+        for n in streams:
+            ratio = a["streams_tok_s"][str(n)] / b["streams_tok_s"][str(n)]
+            ratios.append(
+                f"**{ratio:.2f}** (target {TARGET_16_STREAMS}) | " if n == 16 else f"{ratio:.2f} | "
+            )
         lines.append(
             f"| {r['model']} | **axon / llama.cpp** | {a['rss_bytes'] / b['rss_bytes']:.2f} | "
             f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f} | "
             f"**{a['decode_tok_s'] / b['decode_tok_s']:.2f}** (target {TARGET_DECODE}) | "
-            f"{a['streams_tok_s']['4'] / b['streams_tok_s']['4']:.2f} | "
-            f"**{a['streams_tok_s']['16'] / b['streams_tok_s']['16']:.2f}** "
-            f"(target {TARGET_16_STREAMS}) |"
+            + "".join(ratios)
         )
     return "\n".join(lines)
 

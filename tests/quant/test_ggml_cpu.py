@@ -46,6 +46,30 @@ def test_matmul_matches_the_reference_in_float32(qtype, batch):
     assert float((got - want).abs().max()) <= FP32_RTOL * float(want.abs().max()), qtype.name
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+def test_k_quant_batch_one_keeps_float32_accuracy(qtype):
+    """At batch 1 the K-quants multiply integer codes by x held as a 24-bit fixed point per 256
+    values: with an activation outlier 300x the rest, the error against float64 stays at the
+    float32 path's level."""
+    qt = _tensor(qtype)
+    x = torch.randn(5, COLS, generator=torch.Generator().manual_seed(3))  # the 5th runs at batch 1
+    x[:, 7] = 300.0
+    weight = dequantize_rows_ref(qt.data, qtype, COLS)
+    want = x.double() @ weight.double().T
+    got = QuantizedMatmul(qt)(x)
+    float32_error = float((matmul_ref(x, qt).double() - want).abs().max())
+    error = float((got.double() - want).abs().max())
+    assert error <= max(4 * float32_error, 1e-6 * float(want.abs().max())), (error, float32_error)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda t: t.name)
+def test_batch_one_propagates_nan(qtype):
+    qt = _tensor(qtype)
+    x = torch.randn(1, COLS)
+    x[0, 40] = float("nan")
+    assert torch.isnan(QuantizedMatmul(qt)(x)).all()
+
+
 def test_the_layer_shares_the_gguf_bytes():
     qt = _tensor(Q.Q8_0)
     assert QuantizedMatmul(qt).raw.data_ptr() == qt.data.data_ptr()  # no second copy

@@ -15,6 +15,7 @@
  * Only the summation order differs from `F.linear(x, dequantize(W))`. Layouts: ggml_dequant.py.
  */
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -27,6 +28,8 @@ enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_
 
 #define INLINE static inline __attribute__((always_inline))
 
+#define MAX_TOKENS 64 /* per call (ggml_cpu.py dequantizes for longer batches) */
+
 /* How far ahead of each row's current block to prefetch: the same column a few row quads on,
  * at least PREFETCH_BYTES away. The weights stream from memory, and the out-of-order window
  * alone keeps too few misses in flight behind the arithmetic (a batch-1 Q8_0 product ran at a
@@ -37,6 +40,12 @@ enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_
 INLINE int64_t prefetch_distance(int64_t row_bytes) {
     const int64_t quad = 4 * row_bytes;
     return quad * ((PREFETCH_BYTES + quad - 1) / quad);
+}
+
+/* Every cache line of the block at b, `ahead` bytes on: the hardware prefetcher alone left a
+ * Q6_K product streamed from memory at 70 % of the bandwidth with one prefetch per block. */
+INLINE void prefetch_block(const uint8_t *b, int bytes, int64_t ahead) {
+    for (int line = 0; line < bytes; line += 64) __builtin_prefetch(b + ahead + line);
 }
 
 /* Eight float lanes: AVX2 with -march=native on x86, two NEON registers on arm64. */
@@ -126,14 +135,19 @@ INLINE f32x8 u8_to_f32(const uint8_t *p) {
 /* Q4_K / Q5_K: the eight 6-bit scales and mins of a super-block, unpacked four at a time in
  * 32-bit words (12 bytes: low 6 bits of scales 0-3 and mins 0-3, then the low nibbles of
  * scales 4-7 and mins 4-7 with their high 2 bits in the top bits of the first 8 bytes). */
-INLINE void k_scales(const uint8_t *b, Scales *s) {
-    uint32_t packed[3], codes[4];
+INLINE void k_scale_codes(const uint8_t *b, uint32_t codes[4]) {
+    uint32_t packed[3];
     memcpy(packed, b + 4, 12);
     const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
     codes[0] = packed[0] & low6;                                           /* scales 0-3 */
     codes[1] = (packed[2] & low4) | (((packed[0] >> 6) & low2) << 4);      /* scales 4-7 */
     codes[2] = packed[1] & low6;                                           /* mins 0-3 */
     codes[3] = ((packed[2] >> 4) & low4) | (((packed[1] >> 6) & low2) << 4); /* mins 4-7 */
+}
+
+INLINE void k_scales(const uint8_t *b, Scales *s) {
+    uint32_t codes[4];
+    k_scale_codes(b, codes);
     const float d = f16(b), dmin = f16(b + 2);
     store8(s->scale, d * u8_to_f32((const uint8_t *)codes));
     store8(s->bias, -(dmin * u8_to_f32((const uint8_t *)codes + 8)));
@@ -351,7 +365,8 @@ INLINE f32x8 block_dot(int type, const uint8_t *b, const float *x, const Scales 
         }
         return out;
     }
-    default: /* Q6_K, codes kept unsigned (32 too high: gemv subtracts 32 * scale * sum(x)) */
+    default: { /* Q6_K, codes kept unsigned (32 too high: gemv subtracts 32 * scale * sum(x)) */
+        f32x8 part_out[4] = {{0}}; /* one chain per part: a single one is latency-bound */
         for (int h = 0; h < 2; h++)
             for (int pair = 0; pair < 2; pair++) { /* weights 16 * pair .. + 15 of each part */
                 i32x8 a[2], c[2], high[2];
@@ -370,10 +385,11 @@ INLINE f32x8 block_dot(int type, const uint8_t *b, const float *x, const Scales 
                                                    : (high[i] >> 2) & 0x30;
                         sum += cvt(nibble | top) * load8(x + 128 * h + 32 * part + 16 * pair + 8 * i);
                     }
-                    out += s->scale[8 * h + 2 * part + pair] * sum;
+                    part_out[part] += s->scale[8 * h + 2 * part + pair] * sum;
                 }
             }
-        return out;
+        return (part_out[0] + part_out[1]) + (part_out[2] + part_out[3]);
+    }
     }
 }
 
@@ -387,11 +403,147 @@ INLINE float gemv_bias(int type, const Scales *s, int sub) {
     }
 }
 
+/* What batch 1 precomputes from its token once per call: sums of x over each 32 and each 16
+ * weights (for the biases), and for the K-quants x as 24-bit integers (below). */
+typedef struct {
+    const float *xsum;    /* [cols / 32], then [cols / 16] */
+    const int8_t *digits; /* [3][cols], or NULL */
+    const float *dscale;  /* [cols / 256] */
+    int64_t cols;
+} Token;
+
+#ifdef __AVX2__
+/* Batch 1 for the K-quants with integer products. Each 256 values of x are held as
+ * scale * (a * 65536 + b * 256 + c) with int8 "digits" a, b, c, |a * 65536 + b * 256 + c| below
+ * 2^23: a 24-bit fixed point, as fine as float32's mantissa against the largest of the 256 (the
+ * error of a product is at most weight * max|x| * 2^-24). Then `vpmaddubsw` multiplies 32 codes by
+ * 32 digits in one instruction and `vpmaddwd` applies the integer sub-scales, so a weight costs
+ * about a third of the float path's work, where decoding and converting codes to float made
+ * Q4_K / Q6_K compute-bound. The integer sums are exact; float rounding happens once per 256. */
+#define DIGITS_MAX (127 * 65536 + 127 * 256 + 127)
+
+/* Eight int32 lanes (|v| < 2^23) as their three base-256 digits, each in [-128, 127]. */
+INLINE void split_digits(__m256i q, __m256i *a, __m256i *b, __m256i *c) {
+    const __m256i half = _mm256_set1_epi32(128), low = _mm256_set1_epi32(0xFF);
+    *c = _mm256_sub_epi32(_mm256_and_si256(_mm256_add_epi32(q, half), low), half);
+    q = _mm256_srai_epi32(_mm256_sub_epi32(q, *c), 8); /* exact: q - c is a multiple of 256 */
+    *b = _mm256_sub_epi32(_mm256_and_si256(_mm256_add_epi32(q, half), low), half);
+    *a = _mm256_srai_epi32(_mm256_sub_epi32(q, *b), 8);
+}
+
+/* 32 int32 lanes (four vectors, each in [-128, 127]) as 32 int8 in order. */
+INLINE void store_bytes(int8_t *out, __m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    const __m256i words = _mm256_packs_epi16(_mm256_packs_epi32(v0, v1), _mm256_packs_epi32(v2, v3));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo the in-lane packs */
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(words, order));
+}
+
+static void token_digits(const float *x, int64_t cols, int8_t *digits, float *dscale) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i limit = _mm256_set1_epi32(DIGITS_MAX);
+    for (int64_t k = 0; k < cols / 256; k++) {
+        const float *xk = x + 256 * k;
+        __m256 m = _mm256_setzero_ps(), sum = m;
+        for (int i = 0; i < 256; i += 8) {
+            const __m256 v = _mm256_loadu_ps(xk + i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            sum = _mm256_add_ps(sum, v); /* NaN or infinite when some x is */
+        }
+        const float mx = fmaxf(fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3])),
+                               fmaxf(fmaxf(m[4], m[5]), fmaxf(m[6], m[7])));
+        const __m256 inv = _mm256_set1_ps(mx > 0.0f ? (float)DIGITS_MAX / mx : 0.0f);
+        dscale[k] = mx > 0.0f ? mx / (float)DIGITS_MAX : 0.0f;
+        if (!isfinite(sum8((f32x8)sum))) dscale[k] = NAN; /* the products' NaN, as in float32 */
+        for (int i = 0; i < 256; i += 32) {
+            __m256i a[4], b[4], c[4];
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xk + i + 8 * j), inv));
+                q = _mm256_max_epi32(_mm256_min_epi32(q, limit), _mm256_sub_epi32(_mm256_setzero_si256(), limit));
+                split_digits(q, &a[j], &b[j], &c[j]);
+            }
+            store_bytes(digits + 256 * k + i, a[0], a[1], a[2], a[3]);
+            store_bytes(digits + cols + 256 * k + i, b[0], b[1], b[2], b[3]);
+            store_bytes(digits + 2 * cols + 256 * k + i, c[0], c[1], c[2], c[3]);
+        }
+    }
+}
+
+/* The 32 unsigned codes of weights 32 * sub .. + 31 of a K-quant block (Q6_K's 32 too high). */
+INLINE __m256i k_codes(int type, const uint8_t *b, int sub) {
+    if (type == Q4_K) return nibbles32(b + 16 + 32 * (sub / 2), 4 * (sub & 1));
+    if (type == Q5_K) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, sub), _mm256_set1_epi8(1));
+        return _mm256_or_si256(nibbles32(b + 48 + 32 * (sub / 2), 4 * (sub & 1)),
+                               _mm256_slli_epi16(bit, 4));
+    }
+    const int half = sub / 4, part = sub & 3;
+    const __m256i lo = nibbles32(b + 64 * half + 32 * (part & 1), 4 * (part >> 1));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * half));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
+/* One token, one row of a K-quant: sum over each block of d * sub-scale * code * x in integers,
+ * plus the biases (Q4_K / Q5_K: -dmin * min per 32; Q6_K: its codes' offset, -32 * d *
+ * sub-scale per 16) on float sums of x. The sub-scales sit as int16 in `sc`, arranged so that
+ * one in-lane shuffle spreads sub-block `sub`'s over its 32 products: the low 128 bits hold the
+ * scales of the first 16 of each 32 weights, the high 128 bits those of the second 16 (for
+ * Q4_K / Q5_K both are the same). One row at a time: two interleaved rows streamed from memory
+ * at half the speed. */
+INLINE float gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, const Token *token) {
+    const int64_t cols = token->cols;
+    const float *xsum = token->xsum, *xsum16 = xsum + cols / 32;
+    const int bytes = block_bytes(type);
+    f32x8 acc = {0}, bias = {0};
+    for (int64_t k = 0; k < blocks; k++) {
+        const uint8_t *b = w + k * bytes;
+        prefetch_block(b, bytes, ahead);
+        __m256i sc;
+        float d;
+        if (type == Q6_K) { /* 16 int8 scales: even ones to the low lane, odd ones to the high */
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(b + 192));
+            sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                raw, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
+            d = f16(b + 208);
+            const f32x8 per16 = bytes8((const int8_t *)b + 192) * load8(xsum16 + 16 * k) +
+                                bytes8((const int8_t *)b + 200) * load8(xsum16 + 16 * k + 8);
+            bias += (-32.0f * d) * per16;
+        } else {
+            uint32_t codes[4];
+            k_scale_codes(b, codes);
+            sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)codes)));
+            d = f16(b);
+            bias += (-f16(b + 2)) * (u8_to_f32((const uint8_t *)codes + 8) * load8(xsum + 8 * k));
+        }
+        __m256i A = _mm256_setzero_si256(), B = A, C = A;
+        const int8_t *digits = token->digits + 256 * k;
+#pragma GCC unroll 8
+        for (int sub = 0; sub < 8; sub++) {
+            const __m256i q = k_codes(type, b, sub);
+            const __m256i scale =
+                _mm256_shuffle_epi8(sc, _mm256_set1_epi16((int16_t)((2 * sub + 1) << 8 | 2 * sub)));
+            const int8_t *ds = digits + 32 * sub;
+            const __m256i da = _mm256_loadu_si256((const __m256i *)ds);
+            const __m256i db = _mm256_loadu_si256((const __m256i *)(ds + cols));
+            const __m256i dc = _mm256_loadu_si256((const __m256i *)(ds + 2 * cols));
+            A = _mm256_add_epi32(A, _mm256_madd_epi16(_mm256_maddubs_epi16(q, da), scale));
+            B = _mm256_add_epi32(B, _mm256_madd_epi16(_mm256_maddubs_epi16(q, db), scale));
+            C = _mm256_add_epi32(C, _mm256_madd_epi16(_mm256_maddubs_epi16(q, dc), scale));
+        }
+        const f32x8 sum = cvt((i32x8)A) * 65536.0f + (cvt((i32x8)B) * 256.0f + cvt((i32x8)C));
+        acc += (d * token->dscale[k]) * sum;
+    }
+    return sum8(acc + bias);
+}
+#endif
+
 /* One token, R rows: `xsum` [cols / 32] holds the sums of x over each 32 weights, so a bias
  * costs one multiply-add per 32 weights instead of one per weight. */
 INLINE void gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, const float *x,
-                 const float *xsum, float *y, const int R) {
+                 const Token *token, float *y, const int R) {
     const int64_t ahead = prefetch_distance(row_bytes);
+    const float *xsum = token->xsum;
     const float *xsum16 = xsum + blocks * block_size(type) / 32; /* sums over each 16 */
     const int B = block_size(type), bytes = block_bytes(type);
     const int biased = has_bias(type) || type == Q4_0 || type == Q5_0;
@@ -401,7 +553,7 @@ INLINE void gemv(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, 
     for (int64_t k = 0; k < blocks; k++) {
         for (int r = 0; r < R; r++) {
             const uint8_t *b = w + r * row_bytes + k * bytes;
-            __builtin_prefetch(b + ahead);
+            prefetch_block(b, bytes, ahead);
             Scales s;
             block_scales(type, b, &s);
             acc[r] += block_dot(type, b, x + k * B, &s);
@@ -430,7 +582,7 @@ INLINE void tile(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, 
     for (int64_t k = 0; k < blocks; k++) {
         Scales s[4];
         for (int r = 0; r < R; r++) {
-            __builtin_prefetch(w + r * row_bytes + k * bytes + ahead);
+            prefetch_block(w + r * row_bytes + k * bytes, bytes, ahead);
             block_scales(type, w + r * row_bytes + k * bytes, &s[r]);
         }
         for (int sub = 0; sub < B / 32; sub++) {
@@ -455,9 +607,11 @@ INLINE void tile(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, 
  * come from memory once and stay in L1 for all its token tiles: 2 rows x 4 tokens, then the
  * last 1-3 tokens as 4 x 1 (gemv), 4 x 2 or 2 x 3. */
 INLINE void rows_of(int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, int64_t begin,
-                    int64_t end, const float *x, const float *xsum, int64_t ldx, int64_t tokens,
+                    int64_t end, const float *x, const Token *token, int64_t ldx, int64_t tokens,
                     float *y, int64_t ldy) {
     const int64_t eights = tokens / 8 * 8, full = tokens / 4 * 4, rest = tokens - full;
+    const int64_t ahead = prefetch_distance(row_bytes);
+    (void)ahead;
     int64_t n = begin;
     for (; n + 4 <= end; n += 4) {
         const uint8_t *wn = w + n * row_bytes;
@@ -473,9 +627,15 @@ INLINE void rows_of(int type, const uint8_t *w, int64_t row_bytes, int64_t block
         }
         const float *xt = x + full * ldx;
         float *yt = y + full * ldy + n;
+#ifdef __AVX2__
+        if (rest == 1 && token->digits && block_size(type) == 256) {
+            for (int r = 0; r < 4; r++)
+                yt[r] = gemv_k(type, wn + r * row_bytes, blocks, ahead, token);
+        } else
+#endif
         if (rest == 1) { /* row by row: one sequential stream keeps the prefetchers ahead */
             for (int r = 0; r < 4; r++)
-                gemv(type, wn + r * row_bytes, row_bytes, blocks, xt, xsum, yt + r, 1);
+                gemv(type, wn + r * row_bytes, row_bytes, blocks, xt, token, yt + r, 1);
         } else if (rest == 2) {
             tile(type, wn, row_bytes, blocks, xt, ldx, yt, ldy, 4, 2);
         } else if (rest == 3) {
@@ -494,9 +654,9 @@ INLINE void rows_of(int type, const uint8_t *w, int64_t row_bytes, int64_t block
 
 #define ROWS_KERNEL(name, TYPE)                                                                   \
     static void name(const uint8_t *w, int64_t row_bytes, int64_t blocks, int64_t begin,         \
-                     int64_t end, const float *x, const float *xsum, int64_t ldx, int64_t tokens, \
+                     int64_t end, const float *x, const Token *token, int64_t ldx, int64_t tokens, \
                      float *y, int64_t ldy) {                                                     \
-        rows_of(TYPE, w, row_bytes, blocks, begin, end, x, xsum, ldx, tokens, y, ldy);           \
+        rows_of(TYPE, w, row_bytes, blocks, begin, end, x, token, ldx, tokens, y, ldy);          \
     }
 
 ROWS_KERNEL(rows_q4_0, Q4_0)
@@ -510,7 +670,7 @@ ROWS_KERNEL(rows_q6_k, Q6_K)
 ROWS_KERNEL(rows_f32, F32)
 
 typedef void (*rows_fn)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *,
-                        const float *, int64_t, int64_t, float *, int64_t);
+                        const Token *, int64_t, int64_t, float *, int64_t);
 
 static rows_fn rows_kernel(int type) {
     switch (type) {
@@ -539,7 +699,7 @@ int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws
         if (!rows_kernel(types[p]) || cols % block_size(types[p])) return -1;
         quads += (rows[p] + 3) / 4;
     }
-    if (tokens < 0) return -1;
+    if (tokens < 0 || tokens > MAX_TOKENS) return -1;
     if (tokens == 0) return 0; /* e.g. a chunked-prefill step where no sequence samples */
     /* Sums of x over each 32 and each 16 weights of the last token (the batch-1 biases). */
     float xsum[cols / 32 + cols / 16]; /* per 32, then per 16 */
@@ -551,6 +711,18 @@ int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws
         const float *xi = x + (tokens - 1) * cols + 32 * i;
         xsum[i] = sum8(load8(xi) + load8(xi + 8) + load8(xi + 16) + load8(xi + 24));
     }
+    Token token = {xsum, NULL, NULL, cols};
+#ifdef __AVX2__
+    int k_quants = 0;
+    for (int p = 0; p < parts; p++) k_quants |= block_size(types[p]) == 256;
+    const int64_t digit_bytes = k_quants && tokens % 4 == 1 ? 3 * cols : 1;
+    int8_t digits[digit_bytes];
+    float dscale[cols / 256 + 1];
+    if (digit_bytes > 1) {
+        token_digits(x + (tokens - 1) * cols, cols, digits, dscale);
+        token.digits = digits, token.dscale = dscale;
+    }
+#endif
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -570,7 +742,7 @@ int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws
                 const int64_t row_bytes = blocks * block_bytes(types[p]);
                 const int64_t begin = (lo - part_first) * 4;
                 const int64_t end = (hi - part_first) * 4 < rows[p] ? (hi - part_first) * 4 : rows[p];
-                rows_kernel(types[p])(ws[p], row_bytes, blocks, begin, end, x, xsum, cols, tokens,
+                rows_kernel(types[p])(ws[p], row_bytes, blocks, begin, end, x, &token, cols, tokens,
                                       y + column, ldy);
             }
             part_first += part_quads;
