@@ -6,16 +6,20 @@
  * float bias per 32 weights. Dequantization computes exactly that, as gguf-py does (the products
  * are exact in float32, so an FMA rounds them like gguf-py's separate multiply and add).
  *
- * The matmul never writes dequantized weights to memory. Each run of 32 weights is first
- * decoded to 32 int8 codes with byte-wide vector operations (a handful per format), then
- *   - one token (decode at batch 1): sum(code * x) over each scale group in float32, times the
- *     scale once per group, plus bias * sum(x) once per 32: the fewest operations per weight;
+ * The matmul never writes dequantized weights to memory:
+ *   - one token (decode at batch 1), K-quants (AVX2): x held as a 24-bit fixed point per 256
+ *     values (three int8 digits), integer products of codes and digits (vpmaddubsw), the
+ *     integer sub-scales applied in integers (vpmaddwd), float once per 256 weights (gemv_k);
+ *   - one token, other formats: codes widened from the packed bytes, sum(code * x) over each
+ *     scale group in float32, times the scale once per group, plus bias * sum(x) once per 32;
  *   - several tokens: each row's weights are rebuilt in float32 registers and multiplied with up
- *     to 4 tokens (register tiles of R rows x TT tokens), so the decoding is paid once per tile.
- * Only the summation order differs from `F.linear(x, dequantize(W))`. Layouts: ggml_dequant.py.
+ *     to 8 tokens (register tiles of R rows x TT tokens), so the decoding is paid once per tile.
+ * Every line of a block is prefetched a few row quads ahead. The float paths differ from
+ * `F.linear(x, dequantize(W))` only in summation order, the integer one by at most max|x| * 2^-24
+ * per product besides. Layouts: ggml_dequant.py.
  */
-#include <stdint.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -132,6 +136,17 @@ INLINE f32x8 u8_to_f32(const uint8_t *p) {
 #endif
 }
 
+/* The eight bytes of two words as float lanes, from registers rather than from the words just
+ * stored to memory. */
+INLINE f32x8 u8x8_to_f32(uint32_t lo, uint32_t hi) {
+#ifdef __AVX2__
+    return (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)hi, (int)lo)));
+#else
+    const uint32_t words[2] = {lo, hi};
+    return u8_to_f32((const uint8_t *)words);
+#endif
+}
+
 /* Q4_K / Q5_K: the eight 6-bit scales and mins of a super-block, unpacked four at a time in
  * 32-bit words (12 bytes: low 6 bits of scales 0-3 and mins 0-3, then the low nibbles of
  * scales 4-7 and mins 4-7 with their high 2 bits in the top bits of the first 8 bytes). */
@@ -149,8 +164,8 @@ INLINE void k_scales(const uint8_t *b, Scales *s) {
     uint32_t codes[4];
     k_scale_codes(b, codes);
     const float d = f16(b), dmin = f16(b + 2);
-    store8(s->scale, d * u8_to_f32((const uint8_t *)codes));
-    store8(s->bias, -(dmin * u8_to_f32((const uint8_t *)codes + 8)));
+    store8(s->scale, d * u8x8_to_f32(codes[0], codes[1]));
+    store8(s->bias, -(dmin * u8x8_to_f32(codes[2], codes[3])));
 }
 
 INLINE void block_scales(int type, const uint8_t *b, Scales *s) {
@@ -512,9 +527,10 @@ INLINE float gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, c
         } else {
             uint32_t codes[4];
             k_scale_codes(b, codes);
-            sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)codes)));
+            sc = _mm256_broadcastsi128_si256(
+                _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)codes[1], (int)codes[0])));
             d = f16(b);
-            bias += (-f16(b + 2)) * (u8_to_f32((const uint8_t *)codes + 8) * load8(xsum + 8 * k));
+            bias += (-f16(b + 2)) * (u8x8_to_f32(codes[2], codes[3]) * load8(xsum + 8 * k));
         }
         __m256i A = _mm256_setzero_si256(), B = A, C = A;
         const int8_t *digits = token->digits + 256 * k;
@@ -716,7 +732,7 @@ int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws
     int k_quants = 0;
     for (int p = 0; p < parts; p++) k_quants |= block_size(types[p]) == 256;
     const int64_t digit_bytes = k_quants && tokens % 4 == 1 ? 3 * cols : 1;
-    int8_t digits[digit_bytes];
+    int8_t digits[digit_bytes] __attribute__((aligned(64)));
     float dscale[cols / 256 + 1];
     if (digit_bytes > 1) {
         token_digits(x + (tokens - 1) * cols, cols, digits, dscale);
