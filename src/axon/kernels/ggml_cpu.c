@@ -546,6 +546,9 @@ INLINE float gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, c
             A = _mm256_add_epi32(A, _mm256_madd_epi16(_mm256_maddubs_epi16(q, da), scale));
             B = _mm256_add_epi32(B, _mm256_madd_epi16(_mm256_maddubs_epi16(q, db), scale));
             C = _mm256_add_epi32(C, _mm256_madd_epi16(_mm256_maddubs_epi16(q, dc), scale));
+            /* Keep the sums in registers, added in order: GCC otherwise regroups the integer
+             * additions into trees whose partial sums spill to the stack (1.3x slower). */
+            __asm__("" : "+x"(A), "+x"(B), "+x"(C));
         }
         const f32x8 sum = cvt((i32x8)A) * 65536.0f + (cvt((i32x8)B) * 256.0f + cvt((i32x8)C));
         acc += (d * token->dscale[k]) * sum;
