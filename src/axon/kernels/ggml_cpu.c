@@ -495,8 +495,22 @@ INLINE __m256i k_codes(int type, const uint8_t *b, int sub) {
     const int half = sub / 4, part = sub & 3;
     const __m256i lo = nibbles32(b + 64 * half + 32 * (part & 1), 4 * (part >> 1));
     const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * half));
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), _mm256_set1_epi8(3));
-    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    /* bits 2 * part and 2 * part + 1 of each byte of qh to bits 4 and 5: one shift, one mask */
+    const __m256i hi = part == 2 ? qh
+                       : part < 2 ? _mm256_slli_epi16(qh, 4 - 2 * part)
+                                  : _mm256_srli_epi16(qh, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+}
+
+/* A Q4_K / Q5_K block's eight 6-bit sub-scales (bytes 0-7) and eight 6-bit mins (bytes 8-15),
+ * unpacked from its 12 bytes at offset 4 in vector registers (as k_scale_codes does in scalars). */
+INLINE __m128i k_scales_vec(__m128i raw) {
+    const __m128i lo = _mm_shuffle_epi8(raw, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i hi = _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i low = _mm_and_si128(lo, _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0));
+    const __m128i high4 = _mm_and_si128(_mm_srli_epi16(lo, 4), _mm_setr_epi32(0, 0, 0, 0x0F0F0F0F));
+    const __m128i top2 = _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(_mm_or_si128(low, high4), top2);
 }
 
 /* One token, one row of a K-quant: sum over each block of d * sub-scale * code * x in integers,
@@ -504,9 +518,11 @@ INLINE __m256i k_codes(int type, const uint8_t *b, int sub) {
  * sub-scale per 16) on float sums of x. The sub-scales sit as int16 in `sc`, arranged so that
  * one in-lane shuffle spreads sub-block `sub`'s over its 32 products: the low 128 bits hold the
  * scales of the first 16 of each 32 weights, the high 128 bits those of the second 16 (for
- * Q4_K / Q5_K both are the same). One row at a time: two interleaved rows streamed from memory
- * at half the speed. */
-INLINE float gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, const Token *token) {
+ * Q4_K / Q5_K both are the same). The loop is bound by vector instructions (about four a
+ * cycle, the 48 multiplies of a block on two pipes), so the scale unpacking stays in vector
+ * registers and the float work per block is kept small. One row at a time: two interleaved
+ * rows streamed from memory at half the speed. */
+INLINE f32x8 gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, const Token *token) {
     const int64_t cols = token->cols;
     const float *xsum = token->xsum, *xsum16 = xsum + cols / 32;
     const int bytes = block_bytes(type);
@@ -515,22 +531,24 @@ INLINE float gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, c
         const uint8_t *b = w + k * bytes;
         prefetch_block(b, bytes, ahead);
         __m256i sc;
-        float d;
+        f32x8 dd;
         if (type == Q6_K) { /* 16 int8 scales: even ones to the low lane, odd ones to the high */
             const __m128i raw = _mm_loadu_si128((const __m128i *)(b + 192));
             sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
                 raw, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
-            d = f16(b + 208);
+            const float d = f16(b + 208);
             const f32x8 per16 = bytes8((const int8_t *)b + 192) * load8(xsum16 + 16 * k) +
                                 bytes8((const int8_t *)b + 200) * load8(xsum16 + 16 * k + 8);
             bias += (-32.0f * d) * per16;
+            dd = (f32x8)_mm256_set1_ps(d * token->dscale[k]);
         } else {
-            uint32_t codes[4];
-            k_scale_codes(b, codes);
-            sc = _mm256_broadcastsi128_si256(
-                _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)codes[1], (int)codes[0])));
-            d = f16(b);
-            bias += (-f16(b + 2)) * (u8x8_to_f32(codes[2], codes[3]) * load8(xsum + 8 * k));
+            const __m128i raw = _mm_loadu_si128((const __m128i *)b);
+            const __m128i codes = k_scales_vec(raw);
+            sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(codes));
+            const __m128 ds = _mm_mul_ps(_mm_cvtph_ps(raw), _mm_setr_ps(token->dscale[k], -1.0f, 0, 0));
+            const f32x8 mins = (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(codes, codes)));
+            bias += (f32x8)_mm256_broadcastss_ps(_mm_movehdup_ps(ds)) * (mins * load8(xsum + 8 * k));
+            dd = (f32x8)_mm256_broadcastss_ps(ds);
         }
         __m256i A = _mm256_setzero_si256(), B = A, C = A;
         const int8_t *digits = token->digits + 256 * k;
@@ -546,14 +564,25 @@ INLINE float gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, c
             A = _mm256_add_epi32(A, _mm256_madd_epi16(_mm256_maddubs_epi16(q, da), scale));
             B = _mm256_add_epi32(B, _mm256_madd_epi16(_mm256_maddubs_epi16(q, db), scale));
             C = _mm256_add_epi32(C, _mm256_madd_epi16(_mm256_maddubs_epi16(q, dc), scale));
-            /* Keep the sums in registers, added in order: GCC otherwise regroups the integer
-             * additions into trees whose partial sums spill to the stack (1.3x slower). */
             __asm__("" : "+x"(A), "+x"(B), "+x"(C));
         }
-        const f32x8 sum = cvt((i32x8)A) * 65536.0f + (cvt((i32x8)B) * 256.0f + cvt((i32x8)C));
-        acc += (d * token->dscale[k]) * sum;
+        f32x8 sum;
+        if (type == Q6_K)
+            sum = cvt((i32x8)A) * 65536.0f + (cvt((i32x8)B) * 256.0f + cvt((i32x8)C));
+        else /* a lane sums 32 products code * sub-scale * digit: |B| <= 32 * 31 * 63 * 128 < 2^23
+              * (Q5_K; Q4_K's codes are smaller), so B * 256 + C fits in an int32; not Q6_K's */
+            sum = cvt((i32x8)A) * 65536.0f + cvt((i32x8)_mm256_add_epi32(_mm256_slli_epi32(B, 8), C));
+        acc += dd * sum;
     }
-    return sum8(acc + bias);
+    return acc + bias; /* the caller sums the lanes, four rows at once */
+}
+
+/* The lane sums of four vectors: {sum8(v0), sum8(v1), sum8(v2), sum8(v3)} in five shuffles and
+ * adds instead of four full reductions (a row of a 1024-wide matrix is only four blocks). */
+INLINE __m128 sum8x4(f32x8 v0, f32x8 v1, f32x8 v2, f32x8 v3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps((__m256)v0, (__m256)v1),
+                                    _mm256_hadd_ps((__m256)v2, (__m256)v3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 #endif
 
@@ -648,8 +677,9 @@ INLINE void rows_of(int type, const uint8_t *w, int64_t row_bytes, int64_t block
         float *yt = y + full * ldy + n;
 #ifdef __AVX2__
         if (rest == 1 && token->digits && block_size(type) == 256) {
-            for (int r = 0; r < 4; r++)
-                yt[r] = gemv_k(type, wn + r * row_bytes, blocks, ahead, token);
+            f32x8 v[4];
+            for (int r = 0; r < 4; r++) v[r] = gemv_k(type, wn + r * row_bytes, blocks, ahead, token);
+            _mm_storeu_ps(yt, sum8x4(v[0], v[1], v[2], v[3]));
         } else
 #endif
         if (rest == 1) { /* row by row: one sequential stream keeps the prefetchers ahead */
