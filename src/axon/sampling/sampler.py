@@ -68,6 +68,8 @@ class Sampler(nn.Module):
 
     def _choose_tokens(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Return each row's token [B]: argmax for greedy rows, a draw for the others."""
+        if meta.plain is None and meta.filtered is None:  # every row greedy (decode's hot path)
+            return greedy(logits)
         token_ids = torch.empty(meta.num_rows, dtype=torch.long, device=logits.device)  # [B]
         if meta.greedy_rows is not None:
             token_ids[meta.greedy_rows] = greedy(_take_rows(logits, meta.greedy_rows))
