@@ -62,6 +62,32 @@ def test_k_quant_batch_one_keeps_float32_accuracy(qtype):
     assert error <= max(4 * float32_error, 1e-6 * float(want.abs().max())), (error, float32_error)
 
 
+def _saturated(qtype: Q) -> QuantizedTensor:
+    """Blocks whose every code and sub-scale sits at its largest magnitude (d = 1, dmin = 0.5):
+    the integer sums of the batch-1 path reach the bounds its int32 arithmetic relies on."""
+    size, nbytes = {Q.Q4_K: (256, 144), Q.Q5_K: (256, 176), Q.Q6_K: (256, 210)}[qtype]
+    block = np.full(nbytes, 0xFF, dtype=np.uint8)  # every code and 6-bit scale at its max
+    one, half = (np.array([v], dtype=np.float16).view(np.uint8) for v in (1.0, 0.5))
+    if qtype == Q.Q6_K:
+        block[192:208] = np.uint8(0x80)  # int8 sub-scales -128
+        block[208:210] = one
+    else:
+        block[0:2], block[2:4] = one, half
+    raw = np.tile(block, (ROWS, COLS // size))
+    return QuantizedTensor(qtype, torch.from_numpy(raw), (ROWS, COLS))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_k_quant_batch_one_at_the_integer_bounds(qtype, sign):
+    qt = _saturated(qtype)
+    x = torch.full((1, COLS), sign)  # every digit of x at +-127
+    weight = dequantize_rows_ref(qt.data, qtype, COLS)
+    want = x.double() @ weight.double().T
+    got = QuantizedMatmul(qt)(x).double()
+    assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max()), qtype.name
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda t: t.name)
 def test_batch_one_propagates_nan(qtype):
     qt = _tensor(qtype)
