@@ -4,7 +4,7 @@ once per token): a plain vectorized read loop in C over a buffer far larger than
 
     python benchmarks/read_bandwidth.py [--mib 512] [--threads 1 2]
 
-Needs a C compiler (the one axon's kernels use). Prints GB/s (10^9 bytes per second), best of 5.
+Needs a C compiler and an x86 CPU with AVX2. Prints GB/s (10^9 bytes per second), best of 5.
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ int64_t read_all(const uint8_t *buf, size_t n, int threads) {
 
 
 def build() -> ctypes.CDLL:
-    workdir = Path(tempfile.mkdtemp(prefix="axon-bw-"))
-    (workdir / "bw.c").write_text(SOURCE)
-    compiler = os.environ.get("CC", "cc")
-    cmd = [compiler, "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "bw.c", "-o", "bw.so"]
-    subprocess.run(cmd, cwd=workdir, check=True)
-    lib = ctypes.CDLL(str(workdir / "bw.so"))
+    with tempfile.TemporaryDirectory(prefix="axon-bw-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "bw.c").write_text(SOURCE)
+        compiler = os.environ.get("CC", "cc")
+        flags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared"]
+        subprocess.run([compiler, *flags, "bw.c", "-o", "bw.so"], cwd=workdir, check=True)
+        lib = ctypes.CDLL(str(workdir / "bw.so"))  # stays loaded after the file is removed
     lib.read_all.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     lib.read_all.restype = ctypes.c_int64
     return lib
