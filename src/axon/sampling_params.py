@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 
 
 @dataclass
@@ -27,6 +29,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # token id -> a value added to its logit before penalties and sampling (OpenAI's logit_bias);
+    # ids past the model's logits are ignored, as stop_token_ids are.
+    logit_bias: dict[int, float] | None = None
     # None, or a grammar the output must follow (see axon.structured.grammars):
     # {"type": "json_object"} | {"type": "json_schema", "schema": {...}}
     # | {"type": "tool_call", "format": "hermes" | "qwen3_coder", "tools": [...], "parallel": b}
@@ -40,6 +45,7 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+        self._validate_floats()
         problem = _structured_output_problem(self.structured_output)
         if problem is not None:
             raise ValueError(f"structured_output {problem}, got {self.structured_output!r}")
@@ -72,11 +78,9 @@ class SamplingParams:
         )
         check(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer")
         check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]")
-        check(
-            self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
-            "prompt_logprobs",
-            "must be in [0, 20]",
-        )
+        # Accepted and never computed would be a lie: refused until the runner computes them.
+        if self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported yet")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         check(
             all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
@@ -84,11 +88,34 @@ class SamplingParams:
             "must be non-negative integers",
         )
 
+    def _validate_floats(self) -> None:
+        """Non-finite values pass the range checks above (inf >= 0) and poison the logits."""
+        for name in _FLOAT_FIELDS:
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, dict) or not all(
+            isinstance(t, int) and t >= 0 and isinstance(v, int | float) for t, v in bias.items()
+        ):
+            raise ValueError("logit_bias must map non-negative token ids to numbers")
+        if not all(math.isfinite(v) and abs(v) <= MAX_LOGIT_BIAS for v in bias.values()):
+            raise ValueError("logit_bias values must be finite numbers in [-100, 100]")
+
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
 
 
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 _STRUCTURED_TYPES = ("json_object", "json_schema", "tool_call")
 _TOOL_FORMATS = ("hermes", "qwen3_coder")
 

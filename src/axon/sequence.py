@@ -47,7 +47,12 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
-        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
+        # The most tokens ever computed at once: after a preemption, what lies below was
+        # computed before and is only recomputed.
+        self.max_num_computed_tokens = 0
+        # Prompt tokens served from the prefix cache at first admission (a re-admission after
+        # preemption mostly finds the blocks the sequence computed itself: no real hit).
+        self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of the leading full, computed blocks
         self.state_slot: int | None = None  # recurrent-state slot (hybrid models), while running
@@ -61,6 +66,7 @@ class Sequence:
         self.seed = seed if seed is not None else random.getrandbits(62)
         self.output_logprobs: list[dict] = []
         self.num_preemptions = 0
+        self.last_served = 0  # the scheduler's `num_served` when it last gave this sequence tokens
         self.fork_parent: Sequence | None = None  # for n > 1: the sample whose prompt we share
         # Structured output: the grammar matcher, which has consumed exactly the output tokens
         # (kept across preemption, since recompute keeps the tokens).
@@ -96,6 +102,13 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def num_new_prompt_tokens(self, num_new: int) -> int:
+        """How many of the next `num_new` tokens to compute are prompt tokens never computed
+        before: neither prefix-cache hits (skipped) nor tokens recomputed after a preemption."""
+        start = max(self.num_computed_tokens, self.max_num_computed_tokens)
+        end = min(self.num_computed_tokens + num_new, self.num_prompt_tokens)
+        return max(0, end - start)
 
     def num_blocks_needed(self, num_tokens: int, block_size: int) -> int:
         return (num_tokens + block_size - 1) // block_size

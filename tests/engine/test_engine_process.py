@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 
 from axon import LLM, SamplingParams
 from axon.config import EngineConfig
-from axon.engine.client import EngineClient, EngineError
+from axon.engine.client import EngineClient, EngineError, Liveness
 from axon.engine.faults import InjectedDeviceFault, is_device_fault
 from tests.model.tiny_models import get_tiny_model, random_prompts
 
@@ -129,3 +131,151 @@ def test_fault_classification():
             raise RuntimeError("step failed") from inner
     except RuntimeError as outer:
         assert not is_device_fault(outer)  # the cause chain is read, as neuron does
+
+
+def test_a_failed_add_fails_its_request_whatever_the_exception(tiny):
+    """An `add` the engine cannot take ends its request with an error: before, only a ValueError
+    did, and any other exception left the request waiting forever."""
+
+    async def main():
+        client = await EngineClient.start(EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS))
+        try:
+            params = SamplingParams(max_tokens=4)
+            object.__setattr__(params, "n", "1")  # range("1") in the engine: a TypeError
+            with pytest.raises(EngineError, match="TypeError"):
+                await asyncio.wait_for(_collect(client, "bad", [5, 6, 7], params), 30)
+            good = await _collect(client, "good", [5, 6, 7], SamplingParams(max_tokens=3))
+        finally:
+            await client.shutdown()
+        return good
+
+    assert len(run(main())["tokens"][0]) == 3
+
+
+def test_a_failed_step_fails_only_its_own_requests(tiny):
+    """With one sequence per step, a plain error in the step fails the running request; the
+    waiting one was not in that step and still completes."""
+    args = {**ENGINE_ARGS, "max_num_seqs": 1}
+
+    async def main():
+        client = await EngineClient.start(EngineConfig.from_kwargs(str(tiny.path), **args))
+        try:
+            params = SamplingParams(max_tokens=40, ignore_eos=True)
+            running = client.generate("running", [5, 6, 7], params)
+            await running.__anext__()  # it is in the batch now
+            waiting = asyncio.ensure_future(_collect(client, "waiting", [8, 9], params))
+            await client.call("inject_step_error")
+            with pytest.raises(EngineError, match="injected step error"):
+                async for _ in running:
+                    pass
+            survivor = await asyncio.wait_for(waiting, 60)
+            stats = await client.call("stats")
+        finally:
+            await client.shutdown()
+        return survivor, stats, client
+
+    survivor, stats, client = run(main())
+    assert len(survivor["tokens"][0]) == 40 and survivor["reasons"][0] == "length"
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+    assert client.poisoned is None  # a plain error does not poison
+
+
+def test_a_killed_engine_is_noticed_and_its_requests_fail(tiny):
+    async def main():
+        client = await EngineClient.start(EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS))
+        poisoned = []
+        client.on_poisoned = poisoned.append
+        try:
+            params = SamplingParams(max_tokens=200, ignore_eos=True)
+            stream = client.generate("long", [5, 6, 7], params)
+            await stream.__anext__()
+            os.kill(client.process.pid, signal.SIGKILL)
+            with pytest.raises(EngineError, match="died"):
+                await asyncio.wait_for(_drain(stream), 10)
+            with pytest.raises(EngineError, match="not running"):
+                client.generate("later", [5, 6], params)
+        finally:
+            await client.shutdown()
+        return poisoned
+
+    poisoned = run(main())
+    assert len(poisoned) == 1 and "died" in poisoned[0]
+
+
+def test_a_stopped_engine_misses_its_deadline_and_is_killed(tiny):
+    liveness = Liveness(step_timeout_s=2.0)
+
+    async def main():
+        config = EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS)
+        client = await EngineClient.start(config, liveness=liveness)
+        poisoned = []
+        client.on_poisoned = poisoned.append
+        try:
+            stream = client.generate("long", [5, 6], SamplingParams(max_tokens=200))
+            await stream.__anext__()
+            os.kill(client.process.pid, signal.SIGSTOP)
+            with pytest.raises(EngineError, match="step deadline"):
+                await asyncio.wait_for(_drain(stream), 30)
+        finally:
+            await client.shutdown()
+        return poisoned, client
+
+    poisoned, client = run(main())
+    assert len(poisoned) == 1 and "step deadline" in poisoned[0]
+    assert client.process.exitcode == -signal.SIGKILL
+
+
+async def _drain(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+_ORPHAN_SCRIPT = """
+import asyncio, sys
+from axon.config import EngineConfig
+from axon.engine.client import EngineClient
+
+async def main():
+    config = EngineConfig.from_kwargs(sys.argv[1], dtype="float32", kv_cache_memory=4 << 20)
+    client = await EngineClient.start(config)
+    print(client.process.pid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_engines_die_with_the_http_process(tiny):
+    """kill -9 of the process that owns an engine leaves no orphan holding the device, even
+    an engine that is wedged (here: stopped) at the time."""
+    import subprocess
+    import sys
+    import time
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(tiny.path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        engine_pid = int(owner.stdout.readline())
+        assert _running(engine_pid)
+        # Stopped, it cannot notice its pipe closing: only the parent-death signal reaches it.
+        os.kill(engine_pid, signal.SIGSTOP)
+        owner.kill()
+        owner.wait(10)
+        deadline = time.monotonic() + 10
+        while _running(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(engine_pid), "the engine outlived its owner"
+    finally:
+        owner.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

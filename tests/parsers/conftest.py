@@ -25,8 +25,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def byte_tokenizer():
-    """Byte-level BPE without merges: one token per byte, plus the special and marker tokens."""
+def byte_tokenizer(markers_special: bool = False):
+    """Byte-level BPE without merges: one token per byte, plus the special and marker tokens
+    (the markers flagged special or not: published Qwen tokenizers leave them unflagged, others
+    flag them, and the output must be the same either way)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers import PreTrainedTokenizerFast
@@ -37,13 +39,14 @@ def byte_tokenizer():
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIALS)})
-    tokenizer.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
+    markers = [AddedToken(m, special=markers_special, normalized=False) for m in MARKERS]
+    tokenizer.add_tokens(markers, special_tokens=markers_special)
     tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
-def write_byte_model(path: Path) -> Path:
+def write_byte_model(path: Path, markers_special: bool = False) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -62,13 +65,19 @@ def write_byte_model(path: Path) -> Path:
     )
     Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID}))
-    byte_tokenizer().save_pretrained(path)
+    byte_tokenizer(markers_special).save_pretrained(path)
     return path
 
 
 @pytest.fixture(scope="session")
 def byte_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_byte_model(tmp_path_factory.mktemp("tiny_byte_qwen3"))
+
+
+@pytest.fixture(scope="session")
+def special_markers_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same model, its tokenizer flagging `<think>`, `<tool_call>` ... special."""
+    return write_byte_model(tmp_path_factory.mktemp("tiny_byte_qwen3_special"), True)
 
 
 @pytest.fixture(scope="session")

@@ -114,6 +114,45 @@ def test_engine_output_follows_the_schema(byte_model):
         jsonschema.validate(json.loads(sample.text), SCHEMA)
 
 
+def test_json_schema_with_thinking_when_the_markers_are_special(special_markers_model):
+    # The tokenizer flags `<think>` and `</think>` special; skip_special_tokens is on. The
+    # reasoning must still be split off, so the content is the JSON alone.
+    from axon.engine.llm import LLM
+    from axon.sampling_params import SamplingParams
+    from axon.tokenizer.parsers import parser_family
+
+    llm = LLM(
+        str(special_markers_model), max_model_len=1024, kv_cache_memory=8 << 20, dtype="float32"
+    )
+    tokenizer = llm.tokenizer
+    think, end = (tokenizer.convert_tokens_to_ids(m) for m in ("<think>", "</think>"))
+    assert tokenizer.added_tokens_decoder[think].special
+    spec = {"type": "json_schema", "schema": SCHEMA, "thinking": "optional"}
+    # Biased so that the output opens a reasoning block and closes it after a few tokens.
+    bias = {think: 30.0, end: 3.0}
+    params = SamplingParams(
+        n=3, temperature=1.0, seed=1, max_tokens=400, structured_output=spec, logit_bias=bias
+    )
+    (output,) = llm.generate(["hello"], params)
+    plan = ChatOutputPlan(
+        family=parser_family(tokenizer),
+        prompt="hello",
+        tools=None,
+        parse_tools=True,
+        enable_thinking=True,
+        include_thinking=False,
+        parallel_tool_calls=True,
+    )
+    reasonings = []
+    for sample in output.outputs:
+        assert sample.finish_reason == "stop", sample.text
+        message = ChoiceOutput(plan).message(sample.text)
+        jsonschema.validate(json.loads(message["content"]), SCHEMA)
+        reasonings.append(message["reasoning_content"] or "")
+        assert "think>" not in reasonings[-1]
+    assert any(reasonings), "some sample reasoned before its JSON"
+
+
 # ---- the server -----------------------------------------------------------------------------
 
 
@@ -264,3 +303,95 @@ def test_responses_reasoning_is_its_own_output_item():
     assert [i["type"] for i in items] == ["reasoning", "message"]
     assert items[0]["content"][0]["text"] == "hmm"
     assert items[1]["content"][0]["text"] == "Hi."
+
+
+# ---- validation and the grammar cache --------------------------------------------------------
+
+
+def test_grammar_cache_is_a_bounded_lru(monkeypatch):
+    from axon.structured import backend
+
+    monkeypatch.setattr(backend, "GRAMMAR_CACHE_SIZE", 2)
+    outputs = backend.StructuredOutputs("unused", 256, frozenset())
+    specs = [{"type": "json_schema", "schema": {"title": f"s{i}"}} for i in range(3)]
+    for spec in (specs[0], specs[1], specs[0], specs[2]):  # 0 used again: 1 is the oldest
+        assert outputs._grammar(spec) == build_grammar(spec)
+    assert list(outputs._grammars) == [backend._grammar_key(s) for s in (specs[0], specs[2])]
+
+
+def test_malformed_response_format_and_tools_are_400s_not_crashes():
+    from axon.server.chat_output import _response_format
+    from axon.server.errors import BadRequest
+
+    with pytest.raises(BadRequest) as raised:
+        _response_format({"type": "json_schema", "json_schema": "x"})
+    assert raised.value.param == "response_format.json_schema.schema"
+    nameless = plan(False)
+    nameless.tools = [{"type": "function"}, {"type": "function", "function": "x"}]
+    with pytest.raises(BadRequest) as raised:
+        nameless._forced_tool_call("required")
+    assert raised.value.param == "tool_choice"
+
+
+@pytest.mark.slow
+def test_server_splits_reasoning_when_the_markers_are_special(special_markers_model):
+    # End to end: `axon serve` on the special-markers model, a json_schema chat request with
+    # thinking on, whole and streamed: the reasoning is in reasoning_content, the JSON alone in
+    # content.
+    import httpx
+
+    from tests.server.conftest import start_server, stop_server
+
+    tokenizer = byte_tokenizer(markers_special=True)
+    think, end = (tokenizer.convert_tokens_to_ids(m) for m in ("<think>", "</think>"))
+    response_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
+    body = {
+        "model": MODEL_ID,
+        "messages": MESSAGES,
+        "response_format": response_format,
+        "logit_bias": {str(think): 30, str(end): 3},
+        "n": 3,
+        "seed": 1,
+        "max_tokens": 400,
+    }
+    server = start_server(special_markers_model)
+    try:
+        url = server.openai_url + "/chat/completions"
+        reply = httpx.post(url, json=body, timeout=120).json()
+        messages = [choice["message"] for choice in reply["choices"]]
+        whole = [(m["content"], m["reasoning_content"] or "") for m in messages]
+        streamed = [["", ""] for _ in range(3)]
+        with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as events:
+            for line in events.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                for choice in json.loads(line[len("data: ") :])["choices"]:
+                    delta = choice["delta"]
+                    streamed[choice["index"]][0] += delta.get("content") or ""
+                    streamed[choice["index"]][1] += delta.get("reasoning_content") or ""
+    finally:
+        stop_server(server)
+    for content, reasoning in [*whole, *map(tuple, streamed)]:
+        jsonschema.validate(json.loads(content), SCHEMA)
+        assert "think>" not in reasoning
+    assert any(reasoning for _, reasoning in whole), "some sample reasoned before its JSON"
+    assert [tuple(s) for s in streamed] == whole  # the same seed: the same samples
+
+
+def test_the_grammar_backend_builds_in_the_background(byte_model, tmp_path):
+    """The engine parks structured requests while this build runs, and keeps stepping."""
+    from axon.structured import backend
+
+    outputs = backend.StructuredOutputs(str(byte_model), 256, frozenset({2}))
+    assert not outputs.ready
+    outputs.start_build()
+    outputs.start_build()  # once
+    spec = {"type": "json_schema", "schema": SCHEMA}
+    assert outputs.matcher(spec) is not None  # waits for the build in progress
+    assert outputs.ready
+
+    broken = backend.StructuredOutputs(str(tmp_path), 256, frozenset())  # no tokenizer there
+    broken.start_build()
+    with pytest.raises(ValueError, match="structured output"):
+        broken.matcher(spec)
+    assert broken.ready  # failed: every later request fails at once, none waits

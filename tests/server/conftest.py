@@ -154,6 +154,8 @@ def _wait_until_serving(server: Server, deadline_s: float = 120.0) -> None:
 
 
 def start_server(model_dir: Path, env: dict[str, str] | None = None) -> Server:
+    # Tests load more copies of the model over HTTP: its directory is an allowed local path.
+    env = {"AXON_ALLOWED_LOCAL_MODEL_PATHS": str(model_dir), **(env or {})}
     process = subprocess.Popen(
         _serve_command(model_dir),
         env=_server_env(env),

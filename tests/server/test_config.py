@@ -162,3 +162,22 @@ def test_serve_without_model_or_config(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     config = config_from_namespace(build_parser().parse_args(["serve"]))
     assert config.default_models == () and config.port == 8000
+
+
+def test_allowed_local_model_paths(tmp_path):
+    assert load_config(None, environ={}).allowed_local_model_paths is None  # the defaults
+    toml = tmp_path / "axon.toml"
+    toml.write_text('allowed_local_model_paths = ["/srv/models", "~/models"]\n')
+    assert load_config(toml, environ={}).allowed_local_model_paths == ("/srv/models", "~/models")
+    from_env = {"AXON_ALLOWED_LOCAL_MODEL_PATHS": "/data/models"}  # one path, or a TOML list
+    assert load_config(None, environ=from_env).allowed_local_model_paths == ("/data/models",)
+    from_env["AXON_ALLOWED_LOCAL_MODEL_PATHS"] = '["/a", "/b"]'
+    assert load_config(None, environ=from_env).allowed_local_model_paths == ("/a", "/b")
+    argv = ["serve", "-c", str(toml), "--allowed-local-model-path", "/x"]
+    argv += ["--allowed-local-model-path", "/y"]
+    config = config_from_namespace(build_parser().parse_args(argv), environ={})
+    assert config.allowed_local_model_paths == ("/x", "/y")  # flags replace the file's list
+    for bad in ("allowed_local_model_paths = 3", 'allowed_local_model_paths = [""]'):
+        toml.write_text(bad + "\n")
+        with pytest.raises(ValueError, match="allowed_local_model_paths"):
+            load_config(toml, environ={})

@@ -5,6 +5,7 @@ that goes away mid-request (its sequence aborted, its KV blocks freed)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -142,6 +143,132 @@ def test_bad_responses_items_are_400(http):
     assert_error(http.post("/v1/responses", json=body), 400, param="input")
     body = {"model": MODEL_ID, "input": "hello", "max_output_tokens": "many"}
     assert_error(http.post("/v1/responses", json=body), 400, param="max_output_tokens")
+
+
+# ---- hostile and unsupported input: 400s before any work ----------------------------------
+
+RESPONSES = "/v1/responses"
+COMPLETIONS = "/v1/completions"
+NAMELESS_TOOL = {"tools": [{"type": "function"}], "tool_choice": "required"}
+
+
+def responses_body(**fields) -> dict:
+    return {"model": MODEL_ID, "input": "hello", "max_output_tokens": 2, **fields}
+
+
+def raw_json(body: dict, **raw_fields: str) -> bytes:
+    """`body` as JSON with `raw_fields` spliced in verbatim (NaN, Infinity: not Python's JSON)."""
+    text = json.dumps(body)[:-1]
+    return (text + "".join(f', "{k}": {v}' for k, v in raw_fields.items()) + "}").encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, chat_body(**NAMELESS_TOOL), "tools[0].function"),
+        (RESPONSES, responses_body(**NAMELESS_TOOL), "tools[0].name"),
+        (RESPONSES, responses_body(tools=[{"type": "web_search"}]), "tools[0].type"),
+        (CHAT, chat_body(tool_choice={"type": "function", "function": "x"}), "tool_choice"),
+        (
+            CHAT,
+            chat_body(response_format={"type": "json_schema", "json_schema": "x"}),
+            "response_format.json_schema",
+        ),
+        (RESPONSES, raw_json(responses_body(), temperature="Infinity"), "temperature"),
+        (CHAT, raw_json(chat_body(), top_p="NaN"), "top_p"),
+        (
+            RESPONSES,
+            raw_json(
+                responses_body(),
+                tools='[{"type": "function", "name": "f", "parameters": {"x": -Infinity}}]',
+            ),
+            "tools[0].parameters.x",
+        ),
+    ],
+)
+def test_former_500s_are_400s_naming_the_field(http, path, body, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": "application/json"}
+    assert_error(http.post(path, content=content, headers=headers), 400, param=param)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 129}, "n"),
+        ({"n": 1e30}, "n"),
+        ({"stop": ["x"] * 17}, "stop"),
+        ({"stop": "x" * 1001}, "stop"),
+        ({"stop_token_ids": list(range(129))}, "stop_token_ids"),
+        ({"seed": 2**64}, "seed"),
+        ({"logit_bias": {"hello": 1}}, "logit_bias.hello"),
+        ({"logit_bias": {"5": 101}}, "logit_bias.5"),
+        ({"logit_bias": {"256": 1}}, "logit_bias"),  # the tiny vocabulary is 256 tokens
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}] * 129}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f" * 300_000}}]}, "tools"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"a": "b" * 70_000}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
+def test_unbounded_work_is_refused(http, fields, param):
+    assert_error(http.post(CHAT, json=chat_body(**fields)), 400, param=param)
+
+
+def test_completions_bounds_and_empty_prompts(http):
+    body = {"model": MODEL_ID, "max_tokens": 2}
+    for fields, param in [
+        ({"prompt": "hello", "best_of": 3}, "best_of"),
+        ({"prompt": "hello", "logprobs": 21}, "logprobs"),
+        ({"prompt": ""}, "prompt"),  # this tokenizer adds no BOS: no tokens at all
+        ({"prompt": ["hello", ""]}, "prompt"),
+    ]:
+        assert_error(http.post(COMPLETIONS, json={**body, **fields}), 400, param=param)
+
+
+def test_image_and_unknown_content_parts_are_refused(http):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    text = {"type": "text", "text": "hello"}
+    messages = [{"role": "user", "content": [text, image]}]
+    response = http.post(CHAT, json=chat_body(messages=messages))
+    assert_error(response, 400, code="vision_unsupported", param="messages[0].content[1]")
+    messages = [{"role": "user", "content": [{"type": "input_audio"}]}]
+    assert_error(
+        http.post(CHAT, json=chat_body(messages=messages)), 400, param="messages[0].content[0].type"
+    )
+    item = {"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}
+    response = http.post(RESPONSES, json=responses_body(input=[item]))
+    assert_error(response, 400, code="vision_unsupported", param="input[0].content[0]")
+    item = {"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}
+    response = http.post(RESPONSES, json=responses_body(input=[item]))
+    assert_error(response, 400, param="input[0].content[0].type")
+
+
+def test_logit_bias_moves_the_greedy_token(http):
+    body = {"model": MODEL_ID, "prompt": "hello world", "max_tokens": 1, "temperature": 0}
+    plain = http.post(COMPLETIONS, json=body).json()["choices"][0]["text"].strip()
+    target = "w200" if plain != "w200" else "w201"
+    biased = http.post(COMPLETIONS, json={**body, "logit_bias": {target[1:]: 100}})
+    assert biased.json()["choices"][0]["text"].strip() == target
+
+
+def test_kv_cache_memory_beyond_the_host_is_refused():
+    from pydantic import ValidationError
+
+    from axon.server.node_protocol import ModelSpec
+
+    assert ModelSpec(model_id="m", kv_cache_memory="64M").kv_cache_memory == 64 << 20
+    with pytest.raises(ValidationError) as raised:
+        ModelSpec(model_id="m", kv_cache_memory=10**15)
+    assert raised.value.errors()[0]["loc"] == ("kv_cache_memory",)
 
 
 # ---- the engine side: overload and disconnects --------------------------------------------

@@ -131,6 +131,7 @@ def node(tiny_chat_model: Path):
     env = {
         "AXON_API_KEY": KEY,
         "AXON_DEFAULT_MODELS": '[{model_id = "/nonexistent/model"}]',
+        "AXON_ALLOWED_LOCAL_MODEL_PATHS": str(tiny_chat_model),  # for the load over HTTP
     }
     args = [str(tiny_chat_model), "--served-model-name", "a", "--max-model-len", "256"]
     running = start_node([*args, *ENGINE_FLAGS], env)

@@ -24,9 +24,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 class FakeModel:
     """Stands in for ServedModel: the attributes and coroutines the registry and routes use."""
 
-    def __init__(self, model_id, model_path, engine_args, spec, server_config):
+    def __init__(self, model_id, model_path, engine_args, spec, server_config, chat_template):
         self.id, self.spec, self.model_path = model_id, spec, model_path
-        self.engine_args = engine_args
+        self.engine_args, self.chat_template = engine_args, chat_template
         self.status = "loaded"
         self.devices, self.capabilities = [], ["text"]
         self.max_model_len, self.created = 128, 1
@@ -51,19 +51,21 @@ class Harness:
         self.started: list[FakeModel] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.preflight_errors: dict[str, Exception] = {}
+        self.trusted: list[bool] = []  # per resolve: whether the spec was the operator's own
         self.config = ServerConfig(**config)
         self.registry = ModelRegistry(self.config, starter=self.start, resolver=self.resolve)
         self.state = AppState(config=self.config, registry=self.registry)
 
-    def resolve(self, spec, config) -> Path:
+    def resolve(self, spec, config, trusted) -> Path:
+        self.trusted.append(trusted)
         if spec.model_id in self.preflight_errors:
             raise self.preflight_errors[spec.model_id]
         return Path("/models") / spec.model_id
 
-    async def start(self, model_id, *args):
+    async def start(self, model_id, *args, chat_template=None, previous=None):
         if model_id in self.gates:
             await self.gates[model_id].wait()
-        model = FakeModel(model_id, *args)
+        model = FakeModel(model_id, *args, chat_template)
         self.started.append(model)
         return model
 
@@ -169,12 +171,28 @@ def test_loading_status_and_independent_models():
             with pytest.raises(ModelUnavailable) as info:
                 harness.registry.get("slow")
             assert info.value.headers["Retry-After"]
-            busy = await http.post("/models/unload", json={"model_id": "slow"})
-            assert busy.status_code == 409
             await http.post("/models/unload", json={"model_id": "fast"})  # during the other load
             harness.gates["slow"].set()
             assert (await slow).status_code == 200
             assert [m["id"] for m in (await http.get("/models")).json()] == ["slow"]
+
+
+def test_unload_cancels_a_load_in_progress():
+    async def scenario():
+        harness = Harness()
+        harness.gates["slow"] = asyncio.Event()  # never set: the load would wait forever
+        async with harness.client() as http:
+            slow = asyncio.create_task(http.post("/models/load", json={"model_id": "slow"}))
+            await asyncio.sleep(0.05)
+            unloaded = await http.post("/models/unload", json={"model_id": "slow"})
+            assert unloaded.status_code == 200, unloaded.text
+            cancelled = await asyncio.wait_for(slow, 5)
+            assert cancelled.status_code == 409
+            assert "unloaded while it loaded" in cancelled.json()["error"]["message"]
+            assert (await http.get("/models")).json() == []
+            # The id is free again: a new load of it goes through.
+            harness.gates["slow"].set()
+            assert (await http.post("/models/load", json={"model_id": "slow"})).status_code == 200
 
     run(scenario())
 
@@ -367,3 +385,43 @@ def test_health_probe_caches(monkeypatch):
 def test_missing_nvidia_smi(monkeypatch):
     monkeypatch.setattr(discovery.shutil, "which", lambda name: None)
     assert discovery.run_nvidia_smi("-L") is None
+
+
+# ---- local files: the seam between trusted (operator) and HTTP specs ------------------------
+
+
+def test_http_loads_are_untrusted_and_templates_are_read_once(tmp_path):
+    from axon.server.serve import load_default_models
+
+    async def scenario():
+        harness = Harness(allowed_local_model_paths=(str(tmp_path),))
+        (tmp_path / "t.jinja").write_text("T {{ messages }}")
+        operator = ModelSpec(model_id="org/a", chat_template=str(tmp_path / "t.jinja"))
+        await load_default_models(harness.registry, [operator], ActivationTracker())
+        async with harness.client() as http:
+            body = {"model_id": "org/b", "chat_template": "/etc/passwd"}
+            refused = await http.post("/models/load", json=body)
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert (error["code"], error["param"]) == ("model_path_not_allowed", "chat_template")
+            assert "root:" not in refused.text
+            body["chat_template"] = str(tmp_path / "t.jinja")
+            assert (await http.post("/models/load", json=body)).status_code == 200
+            (card,) = [
+                c for c in (await http.get("/v1/models")).json()["data"] if c["id"] == "org/b"
+            ]
+            assert card["root"] == "org/b"  # the repo id, never the resolved local path
+        assert harness.trusted == [True, False]  # the refused one never reached the resolver
+        # The engine gets the template text, not the path; recovery reuses it unread.
+        (tmp_path / "t.jinja").unlink()
+        model = harness.registry.get("org/a")
+        model.status = "poisoned"
+        model.on_poisoned("device fault")
+        for _ in range(100):
+            if harness.registry.status("org/a") == "loaded":
+                break
+            await asyncio.sleep(0.01)
+        texts = [started.chat_template for started in harness.started]
+        assert texts == ["T {{ messages }}"] * 3
+
+    run(scenario())

@@ -4,24 +4,31 @@ HF-compatible registry on loopback (the endpoints huggingface_hub calls), never 
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from axon.server import local_paths
 from axon.server.config import ServerConfig, SourceConfig
 from axon.server.errors import BadRequest, Unprocessable
+from axon.server.local_paths import PathNotAllowed, list_checkpoint_files
 from axon.server.node_protocol import ModelSpec
 from axon.server.sources import (
+    allowed_local_roots,
+    is_repo_id,
     local_model_path,
     nearest_quant,
     parse_model_ref,
     plan_files,
     quant_label,
+    read_chat_template,
     resolve_model,
     resolve_source,
 )
@@ -167,6 +174,120 @@ def test_local_paths(tmp_path):
     assert local_model_path("Org/Name") is None
     with pytest.raises(BadRequest, match="does not exist"):
         local_model_path(str(tmp_path / "missing"))
+    # The operator's own odd ids are 400s too, not OSError (name too long) or RuntimeError.
+    for odd in ("/" + "x" * 5000, "~no-such-user-axon/model", "/a\0b"):
+        with pytest.raises(BadRequest):
+            local_model_path(odd)
+
+
+def _not_allowed_message(model_id: str, roots) -> str:
+    with pytest.raises(PathNotAllowed) as info:
+        local_model_path(model_id, roots)
+    assert info.value.status_code == 400 and info.value.param == "model_id"
+    return info.value.message.replace(repr(model_id), "ID")
+
+
+def test_untrusted_paths_are_confined_to_the_roots(tmp_path):
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    (allowed / "model").mkdir(parents=True)
+    (outside / "model").mkdir(parents=True)
+    (allowed / "escape").symlink_to(outside / "model")
+    os.mkfifo(allowed / "fifo")
+    roots = (allowed.resolve(),)
+    assert local_model_path(str(allowed / "model"), roots) == (allowed / "model").resolve()
+    (tmp_path / "via-link").symlink_to(allowed)  # a root spelled through a symlink
+    for spelling in (tmp_path / "via-link", allowed):
+        found = local_model_path(str(spelling / "model"), (tmp_path / "via-link",))
+        assert found == (allowed / "model").resolve()
+    assert local_model_path(str(allowed / "x" / ".." / "model"), roots) is not None
+    # Outside, missing, escaping by symlink or `..`, or a FIFO: one and the same answer.
+    refused = [outside / "model", outside / "missing", allowed / "missing", allowed / "escape"]
+    refused += [allowed / ".." / "outside" / "model", allowed / "fifo"]
+    messages = {_not_allowed_message(str(path), roots) for path in refused}
+    messages |= {_not_allowed_message(bad, roots) for bad in ("/", "/proc/1/root", "~root")}
+    assert len(messages) == 1 and str(allowed.resolve()) in messages.pop()
+    assert local_model_path("Org/Name", roots) is None  # a repo id
+    with pytest.raises(BadRequest, match="too long"):
+        local_model_path("x" * 5000, roots)
+
+
+def test_default_roots_and_repo_ids(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AXON_CACHE_DIR", str(tmp_path / "axon"))
+    roots = allowed_local_roots(ServerConfig(), {"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert roots == (Path.cwd(), tmp_path / "hub", tmp_path / "axon" / "models")
+    configured = ServerConfig(allowed_local_model_paths=("~/m", "rel"))
+    assert allowed_local_roots(configured, {}) == (Path.home() / "m", tmp_path / "rel")
+    assert is_repo_id("Org/Name") and is_repo_id("mirror:Org/Name@v1")
+    assert not any(map(is_repo_id, ("/a/b", "./a/b", "~/a/b", "name", "a/b/c")))
+
+
+def test_checkpoint_listing_is_bounded(tmp_path, monkeypatch):
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "linked").symlink_to(tmp_path / "sub", target_is_directory=True)
+    for name in ("model.safetensors", "sub/config.json", "sub/deeper/x.gguf"):
+        (tmp_path / name).write_bytes(b"x")
+    assert sorted(list_checkpoint_files(tmp_path, "m")) == ["model.safetensors", "sub/config.json"]
+    monkeypatch.setattr(local_paths, "MAX_LISTED_ENTRIES", 3)
+    with pytest.raises(BadRequest, match="more than 3 entries"):
+        list_checkpoint_files(tmp_path, "m")
+
+
+def test_422s_list_no_files_outside_the_roots(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in GGUF_FILES:
+        (outside / name).write_bytes(b"x")
+    config = ServerConfig(allowed_local_model_paths=(str(tmp_path / "allowed"),))
+    with pytest.raises(PathNotAllowed) as info:
+        resolve_model(ModelSpec(model_id=str(outside), quant="nope"), config)
+    assert "gguf" not in info.value.message.lower() and "Q8_0" not in str(info.value.body())
+    # The operator's own spec is trusted: the same path preflights (and lists its quants).
+    with pytest.raises(Unprocessable, match="no .gguf file matches"):
+        resolve_model(ModelSpec(model_id=str(outside), quant="nope"), config, trusted=True)
+
+
+def _template(path, config, trusted=False):
+    spec = ModelSpec(model_id="Org/Name", chat_template=str(path))
+    return read_chat_template(spec, config, {}, trusted=trusted)
+
+
+def test_chat_template_file_rules(tmp_path):
+    config = ServerConfig(allowed_local_model_paths=(str(tmp_path),))
+    (tmp_path / "t.jinja").write_text("{{ messages }}")
+    assert _template(tmp_path / "t.jinja", config) == "{{ messages }}"
+    assert read_chat_template(ModelSpec(model_id="Org/Name"), config, {}) is None
+    with pytest.raises(PathNotAllowed) as info:
+        _template("/etc/passwd", config)
+    assert info.value.param == "chat_template"
+    (tmp_path / "big.jinja").write_text("x" * ((1 << 20) + 1))
+    with pytest.raises(BadRequest, match="1 MiB"):
+        _template(tmp_path / "big.jinja", config)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.jinja"
+    outside.write_text("trusted")
+    assert _template(outside, config, trusted=True) == "trusted"
+
+
+def test_chat_template_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo.jinja"
+    os.mkfifo(fifo)
+    results: list[Exception] = []
+
+    def read(trusted: bool) -> None:
+        try:
+            _template(fifo, ServerConfig(allowed_local_model_paths=(str(tmp_path),)), trusted)
+        except BadRequest as exc:
+            results.append(exc)
+
+    for trusted in (False, True):  # the path check refuses it, and so does the reader itself
+        reader = threading.Thread(target=read, args=(trusted,), daemon=True)
+        reader.start()
+        reader.join(10)
+        if reader.is_alive():  # release the blocked reader before failing
+            with open(fifo, "w"):
+                pass
+        assert not reader.is_alive(), "reading a FIFO blocked"
+    assert len(results) == 2 and "not a regular file" in results[1].message
 
 
 def test_huggingface_source_follows_hf_env(tmp_path):
@@ -324,12 +445,13 @@ def test_scheme_source_with_token(hub, tmp_path, monkeypatch):
 
 
 def test_local_directory_preflight(tmp_path):
+    config = ServerConfig(allowed_local_model_paths=(str(tmp_path),))
     (tmp_path / "README.md").write_text("no weights")
     with pytest.raises(Unprocessable) as info:
-        resolve_model(ModelSpec(model_id=str(tmp_path)), ServerConfig())
+        resolve_model(ModelSpec(model_id=str(tmp_path)), config)
     assert info.value.code == "empty_repo"
     (tmp_path / "model.safetensors").write_bytes(b"")
-    assert resolve_model(ModelSpec(model_id=str(tmp_path)), ServerConfig()) == tmp_path.resolve()
+    assert resolve_model(ModelSpec(model_id=str(tmp_path)), config) == tmp_path.resolve()
 
 
 def test_offline_uses_the_cache(hub, hf_env, monkeypatch):
@@ -358,12 +480,13 @@ def test_revision_is_passed_through(hub, hf_env):
 
 
 def test_local_directory_quant_pick(tmp_path):
+    config = ServerConfig(allowed_local_model_paths=(str(tmp_path),))
     for name in GGUF_FILES:
         (tmp_path / name).write_bytes(b"x")
     spec = ModelSpec(model_id=str(tmp_path), quant="q8_0")
-    assert resolve_model(spec, ServerConfig()) == tmp_path.resolve() / "Qwen3-0.6B-Q8_0.gguf"
-    with pytest.raises(Unprocessable) as info:
-        resolve_model(ModelSpec(model_id=str(tmp_path), quant="Q4_K_S"), ServerConfig())
+    assert resolve_model(spec, config) == tmp_path.resolve() / "Qwen3-0.6B-Q8_0.gguf"
+    with pytest.raises(Unprocessable) as info:  # inside the roots, the quants are listed
+        resolve_model(ModelSpec(model_id=str(tmp_path), quant="Q4_K_S"), config)
     body = info.value.body()["error"]
     assert info.value.status_code == 422 and body["kind"] == "quant_not_found"
     assert body["available"] == ["F16", "Q4_K_M", "Q8_0"] and body["suggestion"] == "Q4_K_M"

@@ -116,6 +116,7 @@ def tokenizers(request):
 def _served(tokenizer, template) -> ServedModel:
     model = ServedModel.__new__(ServedModel)  # the render path only: no engine behind it
     model.id, model.tokenizer, model.chat_template = "m", tokenizer, template
+    model.max_model_len = 1 << 20
     return model
 
 

@@ -161,3 +161,29 @@ def test_stop_string_after_a_near_miss(qwen_tokenizer):
     text = "ENDING soon, END! done"
     state, deltas, _ = _sample(qwen_tokenizer, text, stop=["END!"])
     assert state.text == "".join(deltas) == "ENDING soon, "
+
+
+# ---- marker tokens flagged special ----------------------------------------------------------
+
+MARKED = "<|im_start|>x<think>\n想 🤔\n</think>\n\n<tool_call>{}</tool_call>答<|im_end|>"
+
+
+@pytest.mark.parametrize("markers_special", [False, True])
+def test_marker_tokens_survive_skip_special_tokens(markers_special):
+    from tests.parsers.conftest import byte_tokenizer
+
+    tokenizer = byte_tokenizer(markers_special)
+    token_ids = tokenizer.encode(MARKED, add_special_tokens=False)
+    assert tokenizer.convert_tokens_to_ids("</think>") in token_ids  # one token each
+    prompt_ids = tokenizer.encode("<|im_start|>assistant\n<think>", add_special_tokens=False)
+    streamed = "".join(_stream(tokenizer, prompt_ids, token_ids))
+    # Whether or not the tokenizer flags them special, the parsers' markers stay; the other
+    # special tokens go.
+    assert streamed == "x<think>\n想 🤔\n</think>\n\n<tool_call>{}</tool_call>答"
+    assert "".join(_stream(tokenizer, prompt_ids, token_ids, skip_special_tokens=False)) == MARKED
+
+
+def test_a_tokenizer_without_special_markers_skips_as_it_always_did(qwen_tokenizer):
+    from axon.tokenizer.detokenizer import skipped_special_ids
+
+    assert skipped_special_ids(qwen_tokenizer) is None  # its decode(skip_special_tokens) is used

@@ -6,6 +6,9 @@ as computed, then register the full blocks in the prefix cache.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+
 import pytest
 
 from axon.cache import block_manager as block_manager_module
@@ -30,9 +33,9 @@ def compute(bm: BlockManager, seq: Sequence, num_new_tokens: int | None = None) 
     bm.cache_full_blocks(seq)
 
 
-def hashes_of(token_ids: list[int], num_blocks: int) -> list[int]:
+def hashes_of(token_ids: list[int], num_blocks: int) -> list[bytes]:
     """The chained hashes of the first `num_blocks` full blocks of `token_ids`."""
-    hashes: list[int] = []
+    hashes: list[bytes] = []
     for index in range(num_blocks):
         block = tuple(token_ids[index * BLOCK_SIZE : (index + 1) * BLOCK_SIZE])
         hashes.append(chain_hash(hashes[-1] if hashes else None, block))
@@ -370,6 +373,84 @@ def test_a_hash_hit_with_other_tokens_is_a_miss(monkeypatch: pytest.MonkeyPatch)
     bm.match_prefix(genuine)
     assert genuine.block_table == [0]
     assert ref_counts(bm)[0] == 2
+
+
+# ---- chain keys: collision resistance ---------------------------------------------------------
+
+_M64, _M61 = 1 << 64, (1 << 61) - 1  # CPython's hash arithmetic and its int-hash modulus
+_XXP1, _XXP2, _XXP5 = 11400714785074694791, 14029467366897019727, 2870177450012600261
+
+
+def _tuple_hash_inverse(target: int, lanes: tuple[int, ...], length: int) -> int:
+    """The hash the last item of a `length`-tuple must have, after items hashing to `lanes`,
+    for the tuple to hash to `target` (CPython's xxHash-based tuple hash, run backwards)."""
+    acc = _XXP5
+    for lane in lanes:
+        acc = (acc + (lane % _M64) * _XXP2) % _M64
+        acc = (((acc << 31) | (acc >> 33)) % _M64) * _XXP1 % _M64
+    want = (target - (length ^ (_XXP5 ^ 3527539))) % _M64 * pow(_XXP1, -1, _M64) % _M64
+    want = ((want >> 31) | (want << 33)) % _M64
+    lane = (want - acc) * pow(_XXP2, -1, _M64) % _M64
+    return lane - _M64 if lane >= 1 << 63 else lane
+
+
+def _colliding_first_blocks() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Two first blocks X1 != X2 whose old keys, hash((None, X)), differ but are equal modulo
+    2**61 - 1, so the old key of any block after them, hash((key, Y)), is the same."""
+    first = (1, 2, 3, 4)
+    key = hash((None, first))
+    twin_key = key + _M61 if key >= 0 else key - _M61
+    block_hash = _tuple_hash_inverse(twin_key, (hash(None),), 2)
+    for middle in range(1000):
+        last = _tuple_hash_inverse(block_hash, (5, 6, middle), BLOCK_SIZE)
+        if abs(last) < _M61 and last != -1:  # small ints hash to themselves
+            return first, (5, 6, middle, last)
+    pytest.skip("no colliding block found")
+
+
+def test_a_crafted_collision_of_the_old_keys_hits_no_other_chain() -> None:
+    x1, x2 = _colliding_first_blocks()
+    y = (7, 8, 9, 10)
+    if hash((hash((None, x1)), y)) != hash((hash((None, x2)), y)):
+        pytest.skip("this Python hashes tuples differently; the crafted collision does not hold")
+    bm = BlockManager(16, BLOCK_SIZE)
+    victim = make_seq([*x1, *y, 11])
+    compute(bm, victim)  # blocks 0 (X1), 1 (Y after X1), 2
+    attacker = make_seq([*x2, 12])
+    compute(bm, attacker)  # block 3 (X2), 4: now X2 is cached
+    probe = make_seq([*x2, *y, 11])
+    bm.match_prefix(probe)
+    # Y after X2 is not Y after X1: the probe gets its own X2 block and not the victim's block 1.
+    assert probe.block_table == [3]
+    assert probe.num_computed_tokens == BLOCK_SIZE
+    assert ref_counts(bm)[:5] == [1, 1, 1, 2, 1]
+
+
+def test_the_key_names_the_whole_chain() -> None:
+    tokens = list(range(12))
+    other_head = [99, *tokens[1:]]  # only the first token differs
+    keys, other_keys = hashes_of(tokens, 3), hashes_of(other_head, 3)
+    assert all(a != b for a, b in zip(keys, other_keys))
+    # sha256 over the parent's key and the block's token ids as int64s, from a zero root.
+    parent = bytes(32)
+    for index, key in enumerate(keys):
+        block = array("q", tokens[index * BLOCK_SIZE : (index + 1) * BLOCK_SIZE]).tobytes()
+        assert key == hashlib.sha256(parent + block).digest()
+        parent = key
+
+
+def test_chains_ending_in_the_same_block_never_share_it() -> None:
+    bm = BlockManager(16, BLOCK_SIZE)
+    tail = [5, 6, 7, 8, 9]
+    chains = [make_seq([*head, *tail]) for head in ([1, 2, 3, 4], [1, 2, 3, 40], [0, 2, 3, 4])]
+    for seq in chains:
+        compute(bm, seq)
+    assert [seq.block_table for seq in chains] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert len({seq.block_hashes[1] for seq in chains}) == 3
+    assert len(bm.hash_to_block) == 6
+    probe = make_seq([1, 2, 3, 40, *tail])
+    bm.match_prefix(probe)
+    assert probe.block_table == [3, 4]
 
 
 def test_prefix_cache_counters_accumulate_tokens() -> None:

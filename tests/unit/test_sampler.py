@@ -306,6 +306,27 @@ def test_penalties_change_the_greedy_choice_and_skip_unpenalised_batches() -> No
     assert SamplingMetadata.from_sequences([plain], 4, CPU).penalties is None
 
 
+def test_logit_bias_moves_the_greedy_choice_and_leaves_logprobs_raw() -> None:
+    logits = torch.tensor([[0.0, 3.0, 2.9, 0.0]])
+    unbiased = make_seq(SamplingParams(temperature=0.0))
+    assert run_sampler(logits, [unbiased]).token_ids == [1]
+    nudged = make_seq(SamplingParams(temperature=0.0, logit_bias={2: 0.2}, logprobs=0))
+    banned = make_seq(SamplingParams(temperature=0.0, logit_bias={1: -100.0, 2: -100.0}))
+    out = run_sampler(logits.expand(3, -1), [nudged, banned, unbiased])
+    assert out.token_ids == [2, 0, 1]  # row 1: tokens 0 and 3 tie; argmax takes the first
+    raw = torch.log_softmax(logits[0], dim=-1)[2].item()
+    assert out.logprobs[0].logprob == pytest.approx(raw, abs=1e-6)
+    assert torch.equal(logits, torch.tensor([[0.0, 3.0, 2.9, 0.0]]))
+
+
+def test_logit_bias_past_the_vocabulary_is_ignored_and_random_rows_follow_it() -> None:
+    past = make_seq(SamplingParams(temperature=0.0, logit_bias={4: 100.0, 99: 100.0}))
+    assert SamplingMetadata.from_sequences([past], 4, CPU).bias is None
+    logits = torch.zeros(200, 8)
+    seqs = [make_seq(SamplingParams(seed=i, logit_bias={5: 100.0})) for i in range(200)]
+    assert set(run_sampler(logits, seqs).token_ids) == {5}
+
+
 def test_min_tokens_blocks_eos_and_stop_tokens_until_reached() -> None:
     logits = torch.tensor([[0.0, 0.0, 9.0, 8.0, 7.0]])  # EOS=2, stop token 3, then 4
     params = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[3])
@@ -375,6 +396,13 @@ def test_greedy_logprob_rank_is_one() -> None:
         ("logprobs", 21),
         ("n", 0),
         ("min_tokens", -1),
+        ("temperature", float("inf")),
+        ("repetition_penalty", float("inf")),
+        ("min_p", float("nan")),
+        ("logit_bias", {1: 100.5}),
+        ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {1: float("nan")}),
+        ("prompt_logprobs", 1),
     ],
 )
 def test_invalid_sampling_params_name_the_field(field, value) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from axon.cache.block_manager import BlockManager
+from axon.cache.state_slots import StateSlotManager
 from axon.engine.scheduler import Scheduler, SchedulerOutput
 from axon.sampling_params import SamplingParams
 from axon.sequence import FinishReason, Sequence, SequenceStatus
@@ -109,6 +110,39 @@ def test_long_prompt_is_chunked_under_the_token_budget() -> None:
     assert finished == [seq]
     assert seq.finish_reason == FinishReason.LENGTH
     assert bm.num_free_blocks == 1024
+
+
+BOUNDARIES = list(range(256, 9000, 256))  # the 35 snapshot boundaries of a 9,000-token prompt
+
+
+@pytest.mark.parametrize(
+    ("num_snapshots", "saved"),
+    [
+        (64, BOUNDARIES),
+        # Too few snapshots: each chunk takes its latest boundaries, evicting older snapshots.
+        (4, [3328, 3584, 3840, 4096, 7424, 7680, 7936, 8192, 8448, 8704, 8960]),
+    ],
+    ids=["room-for-all", "pool-of-4"],
+)
+def test_a_hybrid_prompt_is_not_cut_at_snapshot_boundaries(num_snapshots, saved) -> None:
+    """The states at the 256-token boundaries are snapshotted inside 4,096-token chunks: three
+    prefill steps, not 36."""
+    bm = BlockManager(1024, 16)
+    slots = StateSlotManager(1, num_snapshots)
+    sched = Scheduler(bm, 1, 4096, 16384, slots, snapshot_interval=256)
+    seq = make_seq(9000, max_tokens=2)
+    sched.add(seq)
+    saves = []
+    for num_new, computed in [(4096, 4096), (4096, 8192), (808, 9000)]:
+        out, _ = step(sched)
+        assert scheduled(out) == [(seq.seq_id, num_new)]
+        saves += out.state_saves
+        assert seq.num_computed_tokens == computed
+    assert seq.output_token_ids == [TOKEN]
+    assert [computed for _, computed, _ in saves] == saved
+    assert {slot for slot, _, _ in saves} == {0}
+    held = [c for c in BOUNDARIES if slots.has_snapshot(seq.block_hashes[c // 16 - 1])]
+    assert held == saved[-num_snapshots:]
 
 
 def test_decodes_and_prefill_chunks_share_a_step() -> None:
@@ -333,11 +367,102 @@ def test_a_preempted_sequence_resumes_from_its_own_cached_blocks() -> None:
     assert finished == [a]
     out, _ = step(sched)
     assert scheduled(out) == [(c.seq_id, 3)]  # 11 tokens, 8 of them cached
-    assert c.num_cached_tokens == 8
+    # ... by c itself before it was preempted: no prefix-cache hit, and one lookup counted.
+    assert c.num_cached_tokens == 0
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (16, 0)
     assert c.block_table == [2, 3, 4]
     assert c.output_token_ids == [TOKEN] * 3
     run_until_done(sched)
     assert c.output_token_ids == [TOKEN] * 4
+
+
+def test_num_cached_tokens_after_a_preemption_is_the_real_prefix_hit() -> None:
+    sched, bm = make_scheduler(num_blocks=6)
+    prompt = list(range(100, 109))
+    first = make_seq(prompt, max_tokens=1)
+    sched.add(first)
+    step(sched)  # caches blocks 0 and 1 (tokens 0-7) of the prompt
+    a = make_seq(7, max_tokens=4)
+    c = make_seq(prompt + [5, 6, 7], max_tokens=4)
+    sched.add(a)
+    sched.add(c)
+    out, _ = step(sched)
+    assert scheduled(out) == [(a.seq_id, 7), (c.seq_id, 4)]
+    assert c.num_cached_tokens == 8
+    step(sched)
+    out, _ = step(sched)  # a needs a third block: c goes, its blocks 0-3 stay cached
+    assert out.preempted == [c] and c.num_tokens == 14
+    step(sched)  # a finishes
+    out, _ = step(sched)
+    assert scheduled(out) == [(c.seq_id, 2)]  # 12 of 14 tokens found cached on re-admission
+    assert c.num_cached_tokens == 8  # but only the first 8 were a prefix-cache hit
+    # Lookups: first (9), a (7), c once (12); hits: c's 8, not the 12 of its re-admission.
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (28, 8)
+
+
+def test_recomputed_tokens_are_new_prompt_tokens_only_once() -> None:
+    """What EngineCore counts as prompt tokens: each prompt token computed for the first time,
+    whatever a preemption makes the sequence compute again."""
+    sched, _ = make_scheduler(num_blocks=4, max_num_batched_tokens=4, enable_prefix_caching=False)
+    a = make_seq(5, max_tokens=5)
+    b = make_seq(7, max_tokens=3)
+    sched.add(a)
+    sched.add(b)
+    counted = {a.seq_id: 0, b.seq_id: 0}
+    while sched.has_unfinished():
+        out = sched.schedule()
+        for seq, num_new in out.scheduled:
+            counted[seq.seq_id] += seq.num_new_prompt_tokens(num_new)
+        sched.update(
+            out,
+            {
+                s.seq_id: TOKEN
+                for s, n in out.scheduled
+                if s.num_computed_tokens + n == s.num_tokens
+            },
+        )
+    assert b.num_preemptions > 0
+    assert counted == {a.seq_id: 5, b.seq_id: 7}
+
+
+# ---- fairness -----------------------------------------------------------------------------------
+
+
+def test_a_budget_smaller_than_the_running_set_rotates_decodes() -> None:
+    sched, _ = make_scheduler(max_num_batched_tokens=4)
+    seqs = [make_seq(1, max_tokens=50) for _ in range(4)]
+    for seq in seqs:
+        sched.add(seq)
+    step(sched)
+    # Admission keeps the running set within the budget; a smaller one (here lowered) must not
+    # starve the sequences that come last in the running order.
+    sched.max_num_batched_tokens = 2
+    served = []
+    for _ in range(6):
+        out, _ = step(sched)
+        served.append({seq.seq_id for seq, _ in out.scheduled})
+        assert out.num_batched_tokens == 2
+    ids = [seq.seq_id for seq in seqs]
+    assert served == [set(ids[:2]), set(ids[2:])] * 3
+    for first, second in zip(served, served[1:]):
+        assert first | second == set(ids)  # every sequence decodes within ceil(4 / 2) steps
+    assert [seq.num_output_tokens for seq in seqs] == [4, 4, 4, 4]
+    assert sched.running == seqs  # preemption still picks the newest: the order is untouched
+
+
+def test_rotation_with_an_odd_budget_serves_every_sequence_within_two_steps() -> None:
+    sched, _ = make_scheduler(max_num_batched_tokens=5)
+    seqs = [make_seq(1, max_tokens=50) for _ in range(5)]
+    for seq in seqs:
+        sched.add(seq)
+    step(sched)
+    sched.max_num_batched_tokens = 3
+    served = [[seq.seq_id for seq, _ in step(sched)[0].scheduled] for _ in range(8)]
+    ids = [seq.seq_id for seq in seqs]
+    assert served == [(ids * 5)[3 * i : 3 * i + 3] for i in range(8)]  # round robin: abc dea bcd
+    for first, second in zip(served, served[1:]):
+        assert set(first + second) == set(ids)
+    assert [seq.num_output_tokens for seq in seqs] == [6, 6, 6, 6, 5]  # 24 decodes, in turn
 
 
 # ---- abort --------------------------------------------------------------------------------------

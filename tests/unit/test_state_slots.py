@@ -1,8 +1,8 @@
 """State slots and prefix snapshots for hybrid models, to the exact slot and snapshot index.
 
 Pure Python, no torch: the allocator on its own, then the scheduler driving it (admission waits
-for a slot; finish, abort and preemption free it; chunks end on snapshot boundaries; a prefix hit
-resumes only where a snapshot exists).
+for a slot; finish, abort and preemption free it; snapshots are due at boundaries inside a chunk
+as well as at its end; a prefix hit resumes only where a snapshot exists).
 """
 
 from __future__ import annotations
@@ -70,15 +70,33 @@ def test_slots_lowest_first_and_reused():
 
 def test_snapshot_pool_is_lru():
     slots = StateSlotManager(1, 2)
-    assert slots.reserve(111) == 0
-    assert slots.reserve(222) == 1
-    assert slots.reserve(111) is None  # already held: refreshed, no copy
-    assert slots.reserve(333) == 1  # evicts 222, the least recently used
-    assert not slots.has_snapshot(222)
-    assert slots.lookup(111) == 0 and slots.lookup(333) == 1
-    slots.reset_snapshots()
+    assert slots.take_snapshot() == 0
+    slots.store_snapshot(111, 0)
+    assert slots.take_snapshot() == 1
+    slots.store_snapshot(222, 1)
+    assert slots.take_snapshot() == 0  # evicts 111, the least recently used
     assert not slots.has_snapshot(111)
-    assert StateSlotManager(1, 0).reserve(1) is None
+    slots.store_snapshot(333, 0)
+    assert slots.lookup(222) == 1 and slots.lookup(333) == 0
+    slots.reset_snapshots()
+    assert not slots.has_snapshot(222)
+    assert StateSlotManager(1, 0).take_snapshot() is None
+
+
+def test_a_snapshot_is_found_only_once_stored():
+    """Between take (before the step) and store (after it) the state is still being computed:
+    no lookup may find it, and its index is neither free nor evictable."""
+    slots = StateSlotManager(1, 2)
+    first, second = slots.take_snapshot(), slots.take_snapshot()
+    assert slots.take_snapshot() is None  # both indices await their states
+    assert not slots.snapshots
+    slots.store_snapshot(111, first)
+    assert slots.has_snapshot(111) and slots.lookup(111) == first
+    slots.store_snapshot(111, second)  # the same prefix again: the held one stays, this is freed
+    assert slots.lookup(111) == first
+    assert slots.take_snapshot() == second
+    slots.release_snapshot(second)
+    assert slots.free_snapshots == [second]
 
 
 # ---- the scheduler --------------------------------------------------------------------------
@@ -117,7 +135,7 @@ def test_abort_and_preemption_free_slots():
     assert out.preempted == [b] and b.state_slot is None and slots.num_free_slots == 1
 
 
-def test_prefill_chunks_end_on_snapshot_boundaries_and_are_saved():
+def test_snapshots_are_due_inside_prefill_chunks_and_are_saved():
     sched, bm, slots = make(interval=2 * BLOCK, budget=6)
     seq = seq_of(19)
     sched.add(seq)
@@ -125,11 +143,34 @@ def test_prefill_chunks_end_on_snapshot_boundaries_and_are_saved():
     while seq.num_computed_tokens < seq.num_prompt_tokens:
         out = step(sched)
         sizes.append(out.scheduled[0][1])
-        saves.extend(out.state_saves)
-    assert sizes == [6, 2, 6, 2, 3]  # cut at 8 and 16 under a 6-token budget
-    assert saves == [(0, 0), (0, 1)]
-    assert slots.has_snapshot(seq.block_hashes[1]) and slots.has_snapshot(seq.block_hashes[3])
-    assert not slots.has_snapshot(seq.block_hashes[0])
+        saves.append(out.state_saves)
+    assert sizes == [6, 6, 6, 1]  # the full budget, not cut at 8 and 16
+    # (slot, computed tokens, snapshot index): after 8 tokens (2 into [6, 12)), after 16.
+    assert saves == [[], [(0, 8, 0)], [(0, 16, 1)], []]
+    assert slots.snapshots == {seq.block_hashes[1]: 0, seq.block_hashes[3]: 1}
+
+
+def test_snapshot_indices_of_a_step_that_never_updated_are_reused():
+    sched, bm, slots = make(num_snapshots=2, interval=2 * BLOCK, budget=8)
+    seq = seq_of(15)
+    sched.add(seq)
+    assert sched.schedule().state_saves == [(0, 8, 0)]
+    sched.abort({"r"})  # the step failed: its requests are ended, update never runs
+    assert slots.unstored == {0}
+    again = seq_of(15)
+    sched.add(again)
+    assert sched.schedule().state_saves == [(0, 8, 0)]  # index 0 again, not 1
+    assert slots.free_snapshots == [1]
+
+
+def test_a_snapshot_at_the_end_of_a_chunk_or_a_decode():
+    sched, bm, slots = make(interval=2 * BLOCK, budget=8)
+    seq = seq_of(15)
+    sched.add(seq)
+    assert step(sched).state_saves == [(0, 8, 0)]  # [0, 8): due at the chunk's end
+    assert step(sched).state_saves == []  # [8, 15)
+    assert step(sched).state_saves == [(0, 16, 1)]  # the decode of token 15
+    assert slots.snapshots == {seq.block_hashes[1]: 0, seq.block_hashes[3]: 1}
 
 
 def test_prefix_hit_resumes_only_at_a_snapshot():
@@ -139,14 +180,17 @@ def test_prefix_hit_resumes_only_at_a_snapshot():
     sched.add(first)
     while not first.is_finished:
         step(sched)
-    # Blocks 0-4 are cached; snapshots exist after blocks 1 and 3 (tokens 8 and 16).
+    # Blocks 0-4 are cached; snapshots exist after blocks 1 and 3 (tokens 8 and 16), taken
+    # inside one chunk, the latest first: indices 1 and 0 (stored in order, 8 then 16).
+    assert list(slots.snapshots.values()) == [1, 0]
     second = seq_of(prompt[:14] + [1, 2, 3])
     sched.add(second)
     out = sched.schedule()
     assert second.num_computed_tokens == 8  # 3 cached blocks, but the snapshot is at 2
     # Cached block 2 is recomputed into a fresh block: the state after it was never saved.
-    assert second.block_table == [0, 1, 5, 6] and out.scheduled == [(second, 8)]
-    assert out.state_restores == [(second.state_slot, 0)]
+    assert second.block_table == [0, 1, 5, 6, 7] and out.scheduled == [(second, 9)]
+    assert out.state_restores == [(second.state_slot, 1)]
+    assert out.state_saves == [(second.state_slot, 16, 2)]  # its own block 3 differs
 
 
 def test_fork_children_of_a_hybrid_go_through_the_prefix_cache():

@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from axon.sequence import Sequence
 
+# A block's key is the sha256 of its parent's key and its own token ids, so it names the whole
+# chain of tokens up to its end: two prefixes share a block only if all their tokens are equal,
+# short of a sha256 collision. (Python's hash() is 64 bits and easy to collide on purpose, which
+# would let one client's prompt hit another's KV blocks: the hit checks only the last block's
+# tokens.) As vLLM's `--prefix-caching-hash-algo sha256`.
+_ROOT_HASH = bytes(32)  # the parent of a sequence's first block
 
-def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    """Hash of one full block, chained to the hash of the block before it."""
-    return hash((parent_hash, token_ids))
+
+def chain_hash(parent_hash: bytes | None, token_ids: tuple[int, ...]) -> bytes:
+    """The 32-byte key of one full block: sha256 over the key of the block before it (none for
+    the first) and this block's token ids as int64s."""
+    digest = hashlib.sha256(parent_hash if parent_hash is not None else _ROOT_HASH)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
 
 
 @dataclass
 class Block:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None  # set once the block is full, computed and cached
+    block_hash: bytes | None = None  # set once the block is full, computed and cached
     token_ids: tuple[int, ...] = field(default=())
 
 
@@ -41,12 +53,12 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_block_ids: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() -> lowest id
         self.cached_free: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
-        self.hash_to_block: dict[int, int] = {}
+        self.hash_to_block: dict[bytes, int] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
         # Hybrid models resume only where a recurrent-state snapshot exists: given the chain
         # hash of a prefix's last block, may a sequence start computing right after it?
-        self.can_resume_at: Callable[[int], bool] | None = None
+        self.can_resume_at: Callable[[bytes], bool] | None = None
 
     # ---- capacity ---------------------------------------------------------------------------
 
@@ -140,7 +152,7 @@ class BlockManager:
         max_blocks = (seq.num_tokens - 1) // self.block_size
         parent_hash = None
         hits: list[int] = []
-        hashes: list[int] = []
+        hashes: list[bytes] = []
         for index in range(max_blocks):
             token_ids = tuple(seq.block_token_ids(index, self.block_size))
             parent_hash = chain_hash(parent_hash, token_ids)

@@ -1,7 +1,14 @@
 """The HTTP process's handle on one engine process (the model's device worker).
 
-A reader thread receives the engine's messages and hands them to the asyncio loop; requests
-stream TokenUpdates through per-request queues, commands await per-call futures.
+A reader thread receives the engine's messages and hands them to the asyncio loop; a writer
+thread sends (pickling included), so a large message never blocks the event loop on a full
+pipe. Requests stream TokenUpdates through per-request queues, commands await per-call futures.
+
+Liveness: the reader waits on the pipe and on the process sentinel together, so a killed engine
+is noticed at once, and it keeps a deadline: an engine that sends nothing (no update, no
+heartbeat) for `step_timeout_s` is wedged (a step that never returns, a stopped process), and is
+killed. Either way every in-flight request and call fails with EngineError and `on_poisoned`
+fires, which makes the registry recover the model.
 """
 
 from __future__ import annotations
@@ -11,10 +18,14 @@ import contextlib
 import itertools
 import logging
 import multiprocessing as mp
+import multiprocessing.connection
 import os
+import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from axon.config import EngineConfig
 from axon.engine.engine_proc import engine_process_main
@@ -28,54 +39,121 @@ class EngineError(RuntimeError):
     """The engine failed a request or a command (poisoned, dead, or a step error)."""
 
 
+class EngineLoadTimeout(RuntimeError):
+    """The engine did not finish loading within its deadline (it was killed)."""
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Deadlines of one engine process. `step_timeout_s`: longest silence of a running engine
+    (one step, or one command); `load_timeout_s`: spawn to weights resident."""
+
+    step_timeout_s: float = 120.0
+    load_timeout_s: float = 1800.0
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often an idle engine speaks: often enough that one missed beat is not a fault."""
+        return min(1.0, self.step_timeout_s / 4)
+
+    def __post_init__(self) -> None:
+        if not self.step_timeout_s > 0 or not self.load_timeout_s > 0:
+            raise ValueError(f"engine deadlines must be > 0, got {self}")
+
+
 class EngineClient:
-    def __init__(self, config: EngineConfig, process, conn, info: dict):
+    def __init__(self, config: EngineConfig, process, conn, info: dict, liveness: Liveness):
         self.config = config
         self.process = process
         self.conn = conn
         self.info = info
+        self.liveness = liveness
         self.loop = asyncio.get_running_loop()
         self.poisoned: str | None = None
         self.dead = False
+        self.closing = False  # shutdown asked for: the engine's exit is expected
         self.on_poisoned: Callable[[str], None] | None = None
+        self.last_heard = time.monotonic()
         self._streams: dict[str, asyncio.Queue] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
-        self._send_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._reader = threading.Thread(target=self._read_loop, name="engine-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name="engine-writer", daemon=True)
         self._reader.start()
+        self._writer.start()
 
     @classmethod
-    async def start(cls, config: EngineConfig, log_level: int = logging.INFO) -> EngineClient:
-        """Spawn the engine process and wait until its weights are loaded. Raises
-        RuntimeError with the engine's message when loading fails."""
+    async def start(
+        cls,
+        config: EngineConfig,
+        log_level: int = logging.INFO,
+        liveness: Liveness | None = None,
+        env: dict[str, str] | None = None,
+    ) -> EngineClient:
+        """Spawn the engine process and wait until its weights are loaded. Raises RuntimeError
+        with the engine's message when loading fails, EngineLoadTimeout past the deadline. A
+        cancelled start (an unload while loading) kills the process group."""
+        liveness = liveness or Liveness()
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        process = ctx.Process(
-            target=engine_process_main, args=(config, child, log_level), name="axon-engine"
-        )
+        args = (config, child, log_level, os.getpid(), liveness.heartbeat_s, env)
+        process = ctx.Process(target=engine_process_main, args=args, name="axon-engine")
         process.start()
         child.close()
         try:
-            message = await asyncio.to_thread(parent.recv)
-        except EOFError:
+            message = await _first_message(parent, process, liveness.load_timeout_s)
+        except BaseException:
+            _kill_group(process)
             await asyncio.to_thread(process.join, 5)
-            raise RuntimeError(f"engine process exited with code {process.exitcode}") from None
+            parent.close()
+            raise
         if message[0] == "load_failed":
             await asyncio.to_thread(process.join, 10)
+            parent.close()
             raise RuntimeError(message[1])
-        return cls(config, process, parent, message[1])
+        return cls(config, process, parent, message[1], liveness)
 
     # ---- messages from the engine -----------------------------------------------------------
 
     def _read_loop(self) -> None:
+        sentinel, tick = self.process.sentinel, self.liveness.heartbeat_s / 2
         while True:
             try:
-                message = self.conn.recv()
+                ready = mp.connection.wait([self.conn, sentinel], timeout=tick)
+                if self.conn in ready:
+                    message = self.conn.recv()
+                    self.last_heard = time.monotonic()
+                    self._call_soon(self._dispatch, message)
+                    continue
             except (EOFError, OSError):
-                self._call_soon(self._on_dead)
+                ready = [sentinel]
+            except Exception as exc:  # noqa: BLE001 - an unreadable message: trust it no more
+                self._lost(f"unreadable message from the engine: {exc!r}", kill=True)
                 return
-            self._call_soon(self._dispatch, message)
+            if sentinel in ready:
+                self._drain_after_exit()
+                self.process.join(1)  # for its exit code
+                self._lost(f"engine process died (exit code {self.process.exitcode})")
+                return
+            if time.monotonic() - self.last_heard > self.liveness.step_timeout_s:
+                self._lost(
+                    f"engine missed its step deadline ({self.liveness.step_timeout_s:g}s "
+                    "without progress or heartbeat); it was killed",
+                    kill=True,
+                )
+                return
+
+    def _drain_after_exit(self) -> None:
+        """What the engine wrote before it exited (a `failed` for its requests) still counts."""
+        with contextlib.suppress(EOFError, OSError):
+            while self.conn.poll(0):
+                self._call_soon(self._dispatch, self.conn.recv())
+
+    def _lost(self, reason: str, kill: bool = False) -> None:
+        if kill:
+            self.kill()
+        self._call_soon(self._on_dead, reason)
 
     def _call_soon(self, callback, *args) -> None:
         # RuntimeError: the event loop is closed, nobody is listening any more.
@@ -86,14 +164,14 @@ class EngineClient:
         kind = message[0]
         if kind == "updates":
             for update in message[1]:
-                queue = self._streams.get(update.request_id)
-                if queue is not None:
-                    queue.put_nowait(update)
+                stream = self._streams.get(update.request_id)
+                if stream is not None:
+                    stream.put_nowait(update)
         elif kind == "failed":
             for request_id in message[1]:
-                queue = self._streams.get(request_id)
-                if queue is not None:
-                    queue.put_nowait(EngineError(message[2]))
+                stream = self._streams.get(request_id)
+                if stream is not None:
+                    stream.put_nowait(EngineError(message[2]))
         elif kind == "reply":
             _, call_id, ok, payload = message
             future = self._calls.pop(call_id, None)
@@ -107,41 +185,55 @@ class EngineClient:
         if self.on_poisoned is not None:
             self.on_poisoned(reason)
 
-    def _on_dead(self) -> None:
+    def _on_dead(self, reason: str) -> None:
         if self.dead:
             return
         self.dead = True
-        error = EngineError(f"engine process died (exit code {self.process.exitcode})")
-        for queue in self._streams.values():
-            queue.put_nowait(error)
+        self._outbox.put(None)  # stops the writer
+        error = EngineError(reason)
+        for stream in self._streams.values():
+            stream.put_nowait(error)
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(error)
         self._calls.clear()
+        if self.closing:
+            return
+        logger.error("engine of %s: %s", self.config.model, reason)
         if self.poisoned is None:
-            self._on_poisoned(str(error))
+            self._on_poisoned(reason)
 
-    # ---- requests and commands --------------------------------------------------------------
+    # ---- messages to the engine -------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while (message := self._outbox.get()) is not None:
+            try:
+                self.conn.send(message)
+            except (OSError, ValueError):
+                return  # the engine is gone; the reader reports it
+            except Exception:  # an unpicklable message is a bug here, not an engine fault
+                logger.exception("cannot send %r to the engine", message[0])
 
     def _send(self, message: tuple) -> None:
         if self.dead:
             raise EngineError("engine process is not running")
-        with self._send_lock:
-            self.conn.send(message)
+        self._outbox.put(message)
+
+    # ---- requests and commands --------------------------------------------------------------
 
     def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> RequestStream:
         """Submit a request now; iterate the result for its TokenUpdates until all `n` samples
         finish. Closing it early (aclose, or leaving an `async for`) aborts the request."""
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = stream
         try:
-            self._send(("add", None, request_id, list(prompt_token_ids), params))
+            self._send(("add", None, request_id, prompt_token_ids, params))
         except BaseException:
             self._streams.pop(request_id, None)
             raise
-        return RequestStream(self, request_id, queue, params.n)
+        return RequestStream(self, request_id, stream, params.n)
 
     def _close_stream(self, request_id: str, finished: bool) -> None:
         self._streams.pop(request_id, None)
@@ -165,30 +257,64 @@ class EngineClient:
             self._calls.pop(call_id, None)
 
     async def shutdown(self, timeout: float = 20.0) -> None:
-        """Ask the engine to exit (it frees everything it owns); kill its group if it won't."""
-        if not self.dead and self.process.is_alive():
+        """Ask the engine to exit (it frees everything it owns); kill its group if it won't.
+        A dead or silent (wedged) engine is killed at once; a poisoned one still exits itself."""
+        self.closing = True
+        responsive = time.monotonic() - self.last_heard < 2 * self.liveness.heartbeat_s + 1
+        if not self.dead and responsive and self.process.is_alive():
             try:
                 await self.call("shutdown", timeout=timeout)
             except (EngineError, TimeoutError, OSError) as exc:
                 logger.warning("engine did not shut down cleanly: %s", exc)
-        await asyncio.to_thread(self.process.join, timeout)
+            await asyncio.to_thread(self.process.join, timeout)
         if self.process.is_alive():
             self.kill()
             await asyncio.to_thread(self.process.join, 5)
+        await asyncio.to_thread(self._reader.join, 5)
+        self._outbox.put(None)
         self.conn.close()
 
     def kill(self) -> None:
         """SIGKILL the engine's whole process group (every TP rank with it)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        _kill_group(self.process)
+
+
+def _kill_group(process) -> None:
+    if process.pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(process.pid, signal.SIGKILL)  # before its setpgid, it is in our group
+
+
+async def _first_message(conn, process, timeout_s: float) -> tuple:
+    """The engine's first message ("ready" or "load_failed"), waited for in short slices so that
+    a cancellation is seen promptly. Raises RuntimeError when the process dies first,
+    EngineLoadTimeout past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready = await asyncio.to_thread(
+            mp.connection.wait, [conn, process.sentinel], min(0.5, timeout_s)
+        )
+        if conn in ready:
+            try:
+                return conn.recv()
+            except EOFError:
+                ready = [process.sentinel]
+        if process.sentinel in ready:
+            await asyncio.to_thread(process.join, 5)
+            raise RuntimeError(f"engine process exited with code {process.exitcode}")
+        if time.monotonic() > deadline:
+            raise EngineLoadTimeout(f"the engine did not load within {timeout_s:g}s; it was killed")
 
 
 class RequestStream:
     """The TokenUpdates of one submitted request, as an async iterator that aborts the request
     in the engine when closed before every sample finished."""
 
-    def __init__(self, client: EngineClient, request_id: str, queue: asyncio.Queue, n: int):
-        self.client, self.request_id, self.queue, self.n = client, request_id, queue, n
+    def __init__(self, client: EngineClient, request_id: str, updates: asyncio.Queue, n: int):
+        self.client, self.request_id, self.updates, self.n = client, request_id, updates, n
         self.finished: set[int] = set()
         self.closed = False
 
@@ -200,7 +326,7 @@ class RequestStream:
             await self.aclose()
             raise StopAsyncIteration
         try:
-            item = await self.queue.get()
+            item = await self.updates.get()
         except BaseException:  # cancelled while waiting: the client went away
             await self.aclose()
             raise

@@ -66,11 +66,17 @@ class EngineCore:
         )
         self.max_model_len = plan.max_model_len
         self.eos_token_ids = eos_token_ids_of(config.model, self.runner.text_config)
+        # Prompt tokens the engine computed, each once per sequence: not those served from the
+        # prefix cache, nor those recomputed after a preemption (already counted; recomputed
+        # output tokens are in neither counter). Generation tokens: tokens sampled. Per-request
+        # prompt lengths, cached or not, are the server's `axon:prompt_tokens`, as in vLLM.
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self._captured_logits: dict[int, torch.Tensor] | None = None
         self._structured = None  # StructuredOutputs, made by the first request that needs it
         self.requests: dict[str, list[Sequence]] = {}  # unfinished requests' sequences
+        # The requests of the step in progress: what a failed step fails (and no more).
+        self.step_request_ids: set[str] = set()
 
     # ---- commands ---------------------------------------------------------------------------
 
@@ -126,21 +132,21 @@ class EngineCore:
 
     def step(self) -> list[TokenUpdate]:
         """Schedule, run and sample one step; returns one update per scheduled sequence."""
+        self.step_request_ids = set()
         out = self.scheduler.schedule()
+        self.step_request_ids = {seq.request_id for seq, _ in out.scheduled}
         if out.is_empty:
             if self.scheduler.num_waiting and not self.scheduler.num_running:
                 # With nothing running every block is free or evictable: a waiting sequence
                 # that still cannot start never will. Fail loudly instead of spinning.
+                self.step_request_ids = {seq.request_id for seq in self.scheduler.waiting}
                 raise RuntimeError(f"scheduler stalled with {self.scheduler.num_waiting} waiting")
             return []
         batch = self.runner.prepare(out)
         logits = self.runner.forward_logits(batch)
         sampled, logprobs = self._sample(batch.sampling_seqs, logits)
-        self.num_prompt_tokens += sum(
-            n for seq, n in out.scheduled if seq.num_computed_tokens < seq.num_prompt_tokens
-        )
+        self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)
         self.scheduler.update(out, sampled)
-        self.runner.save_state_snapshots(out.state_saves)
         self.num_generation_tokens += len(sampled)
         updates = [self._update_of(seq, sampled, logprobs) for seq, _ in out.scheduled]
         for seq, _ in out.scheduled:

@@ -5,16 +5,26 @@ from the HTTP process over a pipe, stepping the engine whenever work is queued. 
 fault it is drain-only: every command gets a "poisoned" error and the device is not touched
 again; the registry then replaces the whole process.
 
+Liveness: the loop sends something at least every `heartbeat_s` (a step's updates, else a
+heartbeat), so the HTTP process can tell a wedged step (or a stopped process) from a slow one by
+silence alone. The engine dies with the HTTP process: a parent-death signal (Linux) and a watch
+on the parent pid, so a killed server leaves no orphan holding device memory.
+
 Messages to the engine:  (kind, call_id, *args)
-Messages from it:        ("ready", info) | ("load_failed", message)
+Messages from it:        ("ready", info) | ("load_failed", message) | ("heartbeat",)
                          ("updates", [TokenUpdate]) | ("failed", [request_id], message)
                          ("reply", call_id, ok, payload) | ("poisoned", message)
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import sys
+import threading
+import time
 import traceback
 
 import torch
@@ -25,18 +35,56 @@ from axon.engine.faults import InjectedDeviceFault, is_device_fault
 
 logger = logging.getLogger(__name__)
 
+_PR_SET_PDEATHSIG = 1
 
-def engine_process_main(config: EngineConfig, conn, log_level: int = logging.INFO) -> None:
-    """Entry point of the spawned engine process."""
+
+def engine_process_main(
+    config: EngineConfig,
+    conn,
+    log_level: int = logging.INFO,
+    parent_pid: int | None = None,
+    heartbeat_s: float = 1.0,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Entry point of the spawned engine process. `env` is applied before the device is first
+    touched (CUDA_VISIBLE_DEVICES pins the engine to its devices)."""
     os.setpgid(0, 0)  # own process group: the registry can kill every rank at once
+    os.environ.update(env or {})
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     logging.basicConfig(level=log_level, format=f"%(asctime)s engine[{os.getpid()}] %(message)s")
     try:
         core = EngineCore(config)
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, never raised
         conn.send(("load_failed", f"{type(exc).__name__}: {exc}"))
         return
+    _compile_kernels(core)
     conn.send(("ready", engine_info(core)))
-    EngineLoop(core, conn).run()
+    EngineLoop(core, conn, heartbeat_s).run()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when `parent_pid` dies: the kernel's parent-death signal where there
+    is one, and a watcher thread (which also covers a parent that died before the prctl)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)  # the HTTP process is gone: nobody can use what this process holds
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _compile_kernels(core: EngineCore) -> None:
+    """Builds the CPU kernel library now (once per machine, cached), inside the load deadline,
+    so that the first step is not mistaken for a wedged one."""
+    if core.runner.device.type == "cpu":
+        from axon.kernels import build
+
+        build.load()
 
 
 def engine_info(core: EngineCore) -> dict:
@@ -55,26 +103,47 @@ def engine_info(core: EngineCore) -> dict:
 
 
 class EngineLoop:
-    def __init__(self, core: EngineCore, conn):
+    def __init__(self, core: EngineCore, conn, heartbeat_s: float = 1.0):
         self.core = core
         self.conn = conn
+        self.heartbeat_s = heartbeat_s
         self.poisoned: str | None = None
         self.inject_fault = False
+        self.inject_hang = False
         self.running = True
+        self.last_sent = time.monotonic()
+        # Structured-output requests waiting for the grammar backend's first build, which can
+        # take seconds (a 262k vocabulary): the loop keeps stepping everything else meanwhile.
+        self.parked: list[tuple] = []
 
     def run(self) -> None:
         while self.running:
             idle = self.poisoned is not None or not self.core.has_unfinished()
-            self._drain_commands(block=idle)
+            self._drain_commands(self.heartbeat_s if idle else 0)
+            self._unpark()
             if self.running and self.poisoned is None and self.core.has_unfinished():
                 self._step()
+            if time.monotonic() - self.last_sent >= self.heartbeat_s:
+                self._send(("heartbeat",))
 
-    def _drain_commands(self, block: bool) -> None:
-        timeout = None if block else 0
+    def _unpark(self) -> None:
+        if self.parked and self.poisoned is None and self.core.structured.ready:
+            parked, self.parked = self.parked, []
+            for request_id, prompt_token_ids, params in parked:
+                self._handle(("add", None, request_id, prompt_token_ids, params))
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.conn.send(message)
+        except OSError:  # the HTTP process is gone
+            self.running = False
+        self.last_sent = time.monotonic()
+
+    def _drain_commands(self, timeout: float) -> None:
         while self.running and self.conn.poll(timeout):
             try:
                 message = self.conn.recv()
-            except EOFError:  # the HTTP process is gone
+            except (EOFError, OSError):  # the HTTP process is gone
                 self.running = False
                 return
             self._handle(message)
@@ -82,6 +151,8 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
+            if self.inject_hang:
+                _hang()
             if self.inject_fault:
                 raise InjectedDeviceFault()
             updates = self.core.step()
@@ -89,17 +160,25 @@ class EngineLoop:
             self._on_step_error(exc)
             return
         if updates:
-            self.conn.send(("updates", updates))
+            self._send(("updates", updates))
 
     def _on_step_error(self, exc: Exception) -> None:
+        """A device fault fails every request and poisons the engine; any other error fails
+        only the requests of the step that raised (a waiting request was not part of it)."""
         message = f"{type(exc).__name__}: {exc}"
-        request_ids = list(self.core.requests)
+        device_fault = is_device_fault(exc)
+        request_ids = set(self.core.requests)
+        if not device_fault and self.core.step_request_ids:
+            request_ids &= self.core.step_request_ids
+        if device_fault:
+            request_ids.update(request_id for request_id, *_ in self.parked)
+            self.parked = []
         self.core.abort(request_ids)
-        self.conn.send(("failed", request_ids, message))
-        if is_device_fault(exc):
+        self._send(("failed", sorted(request_ids), message))
+        if device_fault:
             logger.error("device fault, engine is now drain-only: %s", message)
             self.poisoned = message
-            self.conn.send(("poisoned", message))
+            self._send(("poisoned", message))
         else:
             logger.error(
                 "step failed (not a device fault): %s\n%s", message, traceback.format_exc()
@@ -107,41 +186,51 @@ class EngineLoop:
 
     # ---- commands ---------------------------------------------------------------------------
 
-    def _handle(self, message: tuple) -> None:
-        kind, call_id, *args = message
+    def _handle(self, message) -> None:
+        """Runs one command. Whatever goes wrong, the caller hears of it: a call gets an error
+        reply, an `add` fails its request."""
+        try:
+            kind, call_id, *args = message
+        except (TypeError, ValueError):
+            logger.error("malformed command %r", message)
+            return
+        try:
+            self._dispatch(kind, call_id, args)
+        except Exception as exc:  # noqa: BLE001 - a bad command fails that command only
+            text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            if kind == "add" and args:
+                self.core.abort([args[0]])
+                self._send(("failed", [args[0]], text))
+            else:
+                self._reply(call_id, False, text)
+
+    def _dispatch(self, kind: str, call_id, args: list) -> None:
         if kind == "shutdown":
             self.running = False
             self._reply(call_id, True, None)
             return
         if self.poisoned is not None:
-            if kind == "add":
-                self.conn.send(("failed", [args[0]], f"model is poisoned: {self.poisoned}"))
-            else:
-                self._reply(call_id, False, f"poisoned: {self.poisoned}")
-            return
+            raise RuntimeError(f"model is poisoned: {self.poisoned}")
         handler = getattr(self, f"_cmd_{kind}", None)
         if handler is None:
-            self._reply(call_id, False, f"unknown command {kind!r}")
-            return
-        try:
-            result = handler(*args)
-        except Exception as exc:  # noqa: BLE001 - a bad command fails that command only
-            self._reply(call_id, False, f"{type(exc).__name__}: {exc}")
-            return
-        if call_id is not None:
-            self._reply(call_id, True, result)
+            raise ValueError(f"unknown command {kind!r}")
+        result = handler(*args)
+        self._reply(call_id, True, result)
 
     def _reply(self, call_id, ok: bool, payload) -> None:
         if call_id is not None:
-            self.conn.send(("reply", call_id, ok, payload))
+            self._send(("reply", call_id, ok, payload))
 
     def _cmd_add(self, request_id, prompt_token_ids, params) -> None:
-        try:
-            self.core.add_request(request_id, prompt_token_ids, params)
-        except ValueError as exc:
-            self.conn.send(("failed", [request_id], str(exc)))
+        if params.structured_output is not None and not self.core.structured.ready:
+            self.core.structured.start_build()
+            self.parked.append((request_id, prompt_token_ids, params))
+            return
+        self.core.add_request(request_id, prompt_token_ids, params)
 
     def _cmd_abort(self, request_ids) -> None:
+        aborted = set(request_ids)
+        self.parked = [entry for entry in self.parked if entry[0] not in aborted]
         self.core.abort(request_ids)
 
     def _cmd_stop_sample(self, request_id, index) -> None:
@@ -169,3 +258,24 @@ class EngineLoop:
 
     def _cmd_inject_fault(self) -> None:
         self.inject_fault = True
+
+    def _cmd_inject_hang(self) -> None:
+        self.inject_hang = True
+
+    def _cmd_inject_step_error(self) -> None:
+        """The next forward raises a plain (not device) error, after its step was scheduled."""
+        runner = self.core.runner
+        forward = runner.forward_logits
+
+        def fail_once(*args, **kwargs):
+            runner.forward_logits = forward
+            raise ValueError("injected step error")
+
+        runner.forward_logits = fail_once
+
+
+def _hang() -> None:
+    """The fault tests' wedged step: blocks like a kernel or collective that never returns."""
+    logger.warning("debug hook: this step never returns")
+    while True:
+        time.sleep(3600)

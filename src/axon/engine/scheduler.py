@@ -1,14 +1,19 @@
 """Token-budget continuous batching over the paged KV cache. Pure Python: no torch here.
 
 Each step every sequence is given a number of new tokens to compute: 1 for a decode, a chunk for
-a prompt, under `max_num_batched_tokens` and `max_num_seqs`. Running sequences go first (oldest
-first); when the cache runs out of blocks the newest running sequence is preempted and later
-recomputed. Waiting sequences are admitted in FIFO order, prefix-cache hits first matched.
+a prompt, under `max_num_batched_tokens` and `max_num_seqs`. Running sequences go first: decodes
+(least recently served first, so under a budget smaller than the running set every sequence
+decodes within ceil(running / budget) steps), then unfinished prompt chunks (oldest first). When
+the cache runs out of blocks the newest running sequence is preempted and later recomputed.
+Waiting sequences are admitted in FIFO order, prefix-cache hits first matched.
 
 Hybrid models (Gated DeltaNet layers) also hold one recurrent-state slot per running sequence:
-none is admitted without a free slot. With prefix caching, prompt chunks end on snapshot
-boundaries (every `snapshot_interval` tokens) so the state there can be snapshotted after the
-step, and a prefix hit resumes only from a snapshot, which the runner restores into the new slot.
+none is admitted without a free slot. With prefix caching, the state is snapshotted wherever a
+sequence's computed tokens cross a boundary (every `snapshot_interval` tokens): the scheduler
+takes a snapshot index per boundary a step's tokens reach, the runner captures the state there
+during the forward (inside a prompt chunk as well as at its end, so chunks are never cut short),
+and `update` keys the snapshot by the hash of the block ending there. A prefix hit resumes only
+from a snapshot, which the runner restores into the new slot.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from axon.sequence import FinishReason, Sequence, SequenceStatus
 class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, num_new_tokens)
     preempted: list[Sequence] = field(default_factory=list)
-    # Hybrid models: (state slot, snapshot index) copies the runner makes.
-    state_restores: list[tuple[int, int]] = field(default_factory=list)  # before the step
-    state_saves: list[tuple[int, int]] = field(default_factory=list)  # after it (set by update)
+    # Hybrid models: (state slot, snapshot index) copies the runner makes before the step ...
+    state_restores: list[tuple[int, int]] = field(default_factory=list)
+    # ... and (state slot, computed tokens, snapshot index): the slot's state once that many of
+    # its sequence's tokens are computed, captured during the step, inside a chunk or at its end.
+    state_saves: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -64,6 +71,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_served = 0  # (sequence, tokens) pairs scheduled so far: a clock for fairness
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -99,14 +107,21 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's (sequence, num_new_tokens) pairs; may preempt running sequences."""
         out = SchedulerOutput()
+        if self.state_slots is not None:
+            # Snapshot indices left unstored by a step that failed before its update: reuse them.
+            self.state_slots.release_unstored()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        # Decodes go before unfinished prompt chunks so a long prompt never starves them.
-        decodes = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        # Decodes go before unfinished prompt chunks so a long prompt never starves them, those
+        # served longest ago first: a budget smaller than the running set serves them in turn.
+        decodes = sorted(
+            (s for s in self.running if s.num_tokens - s.num_computed_tokens == 1),
+            key=lambda s: s.last_served,
+        )
         chunks = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
         for seq in decodes + chunks:
             if budget <= 0:
@@ -116,20 +131,36 @@ class Scheduler:
             num_new = self._chunk_size(seq, budget)
             if not self._make_room(seq, num_new, out):
                 continue
-            self.block_manager.allocate(seq, num_new)
-            out.scheduled.append((seq, num_new))
+            self._add_scheduled(seq, num_new, out)
             budget -= num_new
         return budget
 
     def _chunk_size(self, seq: Sequence, budget: int) -> int:
-        """Tokens `seq` computes this step: the rest of it under `budget`, cut at the next
-        snapshot boundary so the state there can be saved."""
-        num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        """Tokens `seq` computes this step: the rest of it under `budget`."""
+        return min(seq.num_tokens - seq.num_computed_tokens, budget)
+
+    def _add_scheduled(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
+        """Schedule `num_new` tokens of `seq` (room checked, state slot taken)."""
+        self.block_manager.allocate(seq, num_new)
+        self._plan_snapshots(seq, num_new, out)
+        self.num_served += 1
+        seq.last_served = self.num_served
+        out.scheduled.append((seq, num_new))
+
+    def _plan_snapshots(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
+        """Take a snapshot index for each boundary `seq`'s tokens reach this step, the latest
+        first: when the pool is short, the longest prefixes are the ones worth keeping."""
         interval = self.snapshot_interval
-        if interval:
-            boundary = (seq.num_computed_tokens // interval + 1) * interval
-            num_new = min(num_new, boundary - seq.num_computed_tokens)
-        return num_new
+        if not interval:
+            return
+        start = seq.num_computed_tokens
+        saves = []
+        for computed in range((start + num_new) // interval * interval, start, -interval):
+            index = self.state_slots.take_snapshot()
+            if index is None:
+                break
+            saves.append((seq.state_slot, computed, index))
+        out.state_saves.extend(reversed(saves))
 
     def _has_free_slot(self) -> bool:
         return self.state_slots is None or self.state_slots.num_free_slots > 0
@@ -176,23 +207,34 @@ class Scheduler:
                 continue
             looked_up = not seq.block_table
             if looked_up:
-                self.block_manager.match_prefix(seq)
+                self._match_prefix(seq)
             num_new = self._chunk_size(seq, budget)
             if not self.block_manager.can_allocate(seq, num_new):
                 # Hold no blocks while waiting: a waiting sequence pinning prefix hits (or a
                 # forked prompt) could starve the sequences that must run to release memory.
-                if looked_up:
+                if looked_up and not seq.num_preemptions:
                     self.block_manager.undo_match(seq)
                 self.block_manager.free(seq)
                 break
             self.waiting.popleft()
-            self.block_manager.allocate(seq, num_new)
             self._take_slot(seq, out)
+            self._add_scheduled(seq, num_new, out)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append((seq, num_new))
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
+
+    def _match_prefix(self, seq: Sequence) -> None:
+        """Point `seq` at its cached prefix. A preempted sequence mostly finds the blocks it
+        computed itself: its `num_cached_tokens` and the hit statistics keep the lookup of its
+        first admission, the real prefix-cache hit."""
+        if not seq.num_preemptions:
+            self.block_manager.match_prefix(seq)
+            return
+        num_cached = seq.num_cached_tokens
+        self.block_manager.match_prefix(seq)
+        self.block_manager.undo_match(seq)
+        seq.num_cached_tokens = num_cached
 
     def _waits_for_parent(self, seq: Sequence) -> bool:
         """A sibling of an `n > 1` request waits until the first sample has its prompt cached."""
@@ -221,8 +263,9 @@ class Scheduler:
         finished = []
         for seq, num_new in out.scheduled:
             seq.num_computed_tokens += num_new
+            seq.max_num_computed_tokens = max(seq.max_num_computed_tokens, seq.num_computed_tokens)
             self.block_manager.cache_full_blocks(seq)
-            self._save_snapshot(seq, out)
+            self._store_snapshots(seq, out)
             token_id = sampled.get(seq.seq_id)
             if token_id is None:
                 continue  # a prompt chunk that did not reach the end of the prompt
@@ -235,15 +278,13 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
-    def _save_snapshot(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Have the runner snapshot `seq`'s state when its computed tokens end on a boundary."""
-        computed = seq.num_computed_tokens
-        if not self.snapshot_interval or computed % self.snapshot_interval:
-            return
-        block_hash = seq.block_hashes[computed // self.block_manager.block_size - 1]
-        index = self.state_slots.reserve(block_hash)
-        if index is not None:
-            out.state_saves.append((seq.state_slot, index))
+    def _store_snapshots(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Key the snapshots the runner took of `seq` this step by the hash of the block that
+        ends at each (computed by `cache_full_blocks`), so prefix hits can find them."""
+        for slot, computed, index in out.state_saves:
+            if slot == seq.state_slot:
+                block_hash = seq.block_hashes[computed // self.block_manager.block_size - 1]
+                self.state_slots.store_snapshot(block_hash, index)
 
     def _fork_children(self, parent: Sequence) -> None:
         for child in self.waiting:

@@ -19,6 +19,8 @@ class PrefillChunk:
     key_slots: torch.Tensor  # [context_len] cache slots of every key the chunk attends to
     state_slot: int | None = None  # hybrid models: the sequence's recurrent-state slot
     has_initial_state: bool = False  # the slot holds the state before this chunk (else zeros)
+    # Hybrid models: (tokens into the chunk, state row) snapshots due strictly inside the chunk.
+    state_saves: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

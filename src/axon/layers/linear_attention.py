@@ -13,7 +13,10 @@ j % Hk). With all value-head weights in the same order either is the same functi
 Each running sequence owns a state slot: row `slot` of `conv_state` [slots, C, K-1] (the last
 K-1 inputs of the causal depthwise conv) and of `recurrent_state` [slots, Hv, Dk, Dv] (fp32).
 A layer reads a sequence's state at the start of its chunk and writes the final state back, so
-chunked prefill and decode continue exactly where the previous step stopped.
+chunked prefill and decode continue exactly where the previous step stopped. Prefix-cache
+snapshots due inside a prompt chunk (`PrefillChunk.state_saves`) split it there: the segments run
+in order, each resuming from the state the one before left in its snapshot row, so a snapshot
+taken mid-chunk is computed exactly as if the chunk had been cut at it.
 """
 
 from __future__ import annotations
@@ -280,16 +283,35 @@ class GatedDeltaNet(nn.Module):
         return q, k, v.reshape(-1, self.num_v_heads, self.head_v_dim)
 
     def _prefill(self, chunk: PrefillChunk, mixed, g, beta) -> torch.Tensor:
-        slot, resume = chunk.state_slot, chunk.has_initial_state
+        """One sequence's chunk [Q, ...] -> core output [Q, Hv, Dv]; leaves the final state in
+        its slot and the state at each snapshot point inside the chunk in that snapshot's row."""
+        if not chunk.state_saves:
+            return self._prefill_segment(mixed, g, beta, chunk.state_slot, chunk.has_initial_state)
+        outs, start, source, resume = [], 0, chunk.state_slot, chunk.has_initial_state
+        for end, row in [*chunk.state_saves, (chunk.query_len, chunk.state_slot)]:
+            rows = slice(start, end)
+            # Read back from the row written last, as the next step would after a cut there.
+            outs.append(
+                self._prefill_segment(mixed[rows], g[rows], beta[rows], source, resume, row)
+            )
+            start, source, resume = end, row, True
+        return torch.cat(outs)
+
+    def _prefill_segment(
+        self, mixed, g, beta, source: int, resume: bool, dest: int | None = None
+    ) -> torch.Tensor:
+        """Run tokens [N, ...] from the state in row `source` (zeros unless `resume`), writing
+        the state after them to row `dest` (default `source`) -> core output [N, Hv, Dv]."""
+        dest = source if dest is None else dest
         weight = self.conv1d.weight[:, 0]  # [C, K]
-        conv_in = self.conv_state[slot] if resume else None
-        mixed, self.conv_state[slot] = causal_conv1d_ref(mixed, weight, conv_in)
+        conv_in = self.conv_state[source] if resume else None
+        mixed, self.conv_state[dest] = causal_conv1d_ref(mixed, weight, conv_in)
         q, k, v = self._heads(mixed)
-        initial = self.recurrent_state[slot : slot + 1] if resume else None
+        initial = self.recurrent_state[source : source + 1] if resume else None
         out, state = chunk_gated_delta_rule(
             q[None], k[None], v[None], g[None], beta[None], self.scale, initial
         )
-        self.recurrent_state[slot] = state[0]
+        self.recurrent_state[dest] = state[0]
         return out[0]
 
     def _decode(self, slots: torch.Tensor, mixed, g, beta) -> torch.Tensor:

@@ -30,7 +30,8 @@ class StepBatch:
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [B] rows of the flat batch whose next token is sampled
     sampling_seqs: list[Sequence]
-    state_restores: list[tuple[int, int]] = field(default_factory=list)  # (slot, snapshot)
+    state_restores: list[tuple[int, int]] = field(default_factory=list)  # (row, slot) before
+    state_saves: list[tuple[int, int]] = field(default_factory=list)  # (slot, row) after
 
 
 class ModelRunner:
@@ -110,12 +111,6 @@ class ModelRunner:
             layer.conv_state.index_copy_(0, dst, layer.conv_state[src])
             layer.recurrent_state.index_copy_(0, dst, layer.recurrent_state[src])
 
-    @torch.inference_mode()
-    def save_state_snapshots(self, saves: list[tuple[int, int]]) -> None:
-        """Copy each (slot, snapshot index) pair's slot state into the snapshot pool."""
-        base = self.plan.num_state_slots
-        self._copy_states([(slot, base + index) for slot, index in saves])
-
     # ---- batch preparation ------------------------------------------------------------------
 
     def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
@@ -131,34 +126,38 @@ class ModelRunner:
         block, offset = divmod(position, self.plan.block_size)
         return seq.block_table[block] * self.plan.block_size + offset
 
+    def _snapshot_rows(self, out: SchedulerOutput) -> dict[int, list[tuple[int, int]]]:
+        """State slot -> [(computed tokens, state row)] of the snapshots due this step."""
+        rows: dict[int, list[tuple[int, int]]] = {}
+        for slot, computed, index in out.state_saves:
+            rows.setdefault(slot, []).append((computed, self.plan.num_state_slots + index))
+        return rows
+
     def prepare(self, out: SchedulerOutput) -> StepBatch:
         input_ids, positions, slots, prefills, decode_rows, decode_seqs = [], [], [], [], [], []
-        logits_indices, sampling_seqs = [], []
+        logits_indices, sampling_seqs, end_saves = [], [], []
+        snapshot_rows = self._snapshot_rows(out)
         for seq, num_new in out.scheduled:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             row = len(input_ids)
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
+            # A snapshot due at the end of the step is the slot's final state, copied after the
+            # forward; one inside a prompt chunk is taken by the GDN layers as they pass it.
+            saves = snapshot_rows.get(seq.state_slot, [])
+            end_saves.extend((seq.state_slot, r) for computed, r in saves if computed == end)
             if num_new == 1 and start > 0:
                 slots.append(self._slot(seq, start))
                 decode_rows.append(row)
                 decode_seqs.append(seq)
             else:
                 slots.append(self._slots(seq, start, end))
-                key_slots = self._slots(seq, 0, end).to(self.device)
-                chunk = PrefillChunk(row, num_new, end, key_slots, seq.state_slot, start > 0)
-                prefills.append(chunk)
+                prefills.append(self._prefill_chunk(seq, row, start, end, saves))
             if end == seq.num_tokens:
                 logits_indices.append(row + num_new - 1)
                 sampling_seqs.append(seq)
-        if all(isinstance(slot, int) for slot in slots):  # decode only
-            slot_mapping = self._tensor(slots)
-        else:
-            slot_mapping = torch.cat(
-                [torch.tensor([s]) if isinstance(s, int) else s for s in slots]
-            ).to(self.device)
         attn = AttentionMetadata(
-            slot_mapping=slot_mapping,
+            slot_mapping=self._slot_mapping(slots),
             prefills=prefills,
             **self._decode_metadata(decode_rows, decode_seqs),
         )
@@ -170,6 +169,25 @@ class ModelRunner:
             self._tensor(logits_indices),
             sampling_seqs,
             [(base + index, slot) for slot, index in out.state_restores],
+            end_saves,
+        )
+
+    def _prefill_chunk(
+        self, seq: Sequence, row: int, start: int, end: int, saves: list[tuple[int, int]]
+    ) -> PrefillChunk:
+        """The chunk of `seq`'s tokens [start, end) at `row` of the batch, with the snapshots
+        (computed tokens, state row) due strictly inside it."""
+        key_slots = self._slots(seq, 0, end).to(self.device)
+        chunk = PrefillChunk(row, end - start, end, key_slots, seq.state_slot, start > 0)
+        chunk.state_saves = [(computed - start, r) for computed, r in saves if computed < end]
+        return chunk
+
+    def _slot_mapping(self, slots: list) -> torch.Tensor:
+        """[T] from each sequence's cache slots: an int (a decode) or a tensor (a chunk)."""
+        if all(isinstance(slot, int) for slot in slots):  # decode only
+            return self._tensor(slots)
+        return torch.cat([torch.tensor([s]) if isinstance(s, int) else s for s in slots]).to(
+            self.device
         )
 
     def _decode_metadata(self, rows: list[int], seqs: list[Sequence]) -> dict:
@@ -208,8 +226,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
-        """Logits [B, V] (float32) for the rows that sample; restores prefix-hit states first."""
+        """Logits [B, V] (float32) for the rows that sample. Hybrid models: restores prefix-hit
+        states first and copies the states due at the step's end into their snapshots after."""
         self._copy_states(batch.state_restores)
         with set_forward_context(batch.attn):
             hidden = self.model(batch.input_ids, batch.positions)  # [T, hidden]
+        self._copy_states(batch.state_saves)
         return self.model.compute_logits(hidden[batch.logits_indices])

@@ -92,6 +92,15 @@ class PenaltyTensors:
 
 
 @dataclass
+class BiasTensors:
+    """Every (row, token) pair a logit_bias names, flat, with the value added to its logit."""
+
+    rows: torch.Tensor  # [T] long batch rows
+    token_ids: torch.Tensor  # [T] long
+    values: torch.Tensor  # [T] float32
+
+
+@dataclass
 class SamplingMetadata:
     """Everything the sampler needs about one step's batch, one logits row per sequence."""
 
@@ -101,6 +110,7 @@ class SamplingMetadata:
     plain: RandomRows | None
     filtered: FilteredRows | None
     penalties: PenaltyTensors | None
+    bias: BiasTensors | None  # logit_bias, added before the penalties (vLLM's order)
     banned_rows: torch.Tensor | None  # [X] long; with banned_ids: min_tokens sets them -inf
     banned_ids: torch.Tensor | None  # [X] long
     logprob_rows: torch.Tensor | None  # [L] long rows that asked for logprobs
@@ -109,7 +119,7 @@ class SamplingMetadata:
     @property
     def edits_logits(self) -> bool:
         """Return whether a stage before the greedy/random split rewrites logits."""
-        return self.penalties is not None or self.banned_rows is not None
+        return self.penalties is not None or self.bias is not None or self.banned_rows is not None
 
     @classmethod
     def from_sequences(
@@ -129,6 +139,7 @@ class SamplingMetadata:
             plain=_random_rows(seqs, plain, device) if plain else None,
             filtered=_filtered_rows(seqs, filtered, vocab_size, device) if filtered else None,
             penalties=_penalties(seqs, vocab_size, device),
+            bias=_logit_bias(seqs, vocab_size, device),
             banned_rows=_long(banned_rows, device) if banned_rows else None,
             banned_ids=_long(banned_ids, device) if banned_ids else None,
             logprob_rows=_long(logprob_rows, device) if logprob_rows else None,
@@ -253,6 +264,22 @@ def _penalties(
     if any(p.repetition_penalty != 1.0 for p in params):
         repetition = per_row("repetition_penalty")
     return PenaltyTensors(pair_rows, pair_ids, repetition, subtract)
+
+
+def _logit_bias(seqs: list[Sequence], vocab_size: int, device: torch.device) -> BiasTensors | None:
+    """Return the pairs the rows' logit_bias names (ids past the logits left out), or None."""
+    rows: list[int] = []
+    ids: list[int] = []
+    values: list[float] = []
+    for row, seq in enumerate(seqs):
+        for token_id, value in (seq.sampling_params.logit_bias or {}).items():
+            if token_id < vocab_size:
+                rows.append(row)
+                ids.append(token_id)
+                values.append(value)
+    if not rows:
+        return None
+    return BiasTensors(_long(rows, device), _long(ids, device), _float(values, device))
 
 
 def _banned_tokens(seqs: list[Sequence], vocab_size: int) -> tuple[list[int], list[int]]:

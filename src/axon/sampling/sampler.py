@@ -59,6 +59,8 @@ class Sampler(nn.Module):
             raise ValueError(f"logits shape {tuple(logits.shape)} != metadata's {expected}")
         logits = logits.float()  # [B, V]
         processed = logits.clone() if meta.edits_logits else logits  # [B, V]
+        if meta.bias is not None:
+            processed.index_put_((meta.bias.rows, meta.bias.token_ids), meta.bias.values, True)
         if meta.penalties is not None:
             apply_penalties_(processed, meta.penalties)
         if meta.banned_rows is not None:

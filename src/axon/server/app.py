@@ -16,6 +16,7 @@ from axon.server import openai_chat, openai_completions, responses
 from axon.server.errors import AxonHTTPError
 from axon.server.openai_completions import ClientDisconnected, served_model
 from axon.server.protocol import param_of
+from axon.server.sources import is_repo_id
 
 logger = logging.getLogger(__name__)
 models_router = APIRouter()
@@ -30,12 +31,15 @@ def _optional(module: str, attribute: str):
 
 
 def model_card(model) -> dict:
+    """OpenAI's model object with vLLM's `root`: the repo id of a hub model, else the served id
+    (as vLLM does without a repo id); never a local path, which would map the server's disk."""
+    model_id = getattr(getattr(model, "spec", None), "model_id", None)
     return {
         "id": model.id,
         "object": "model",
         "created": model.created,
         "owned_by": "axon",
-        "root": getattr(model, "model_path", model.id),
+        "root": model_id if model_id and is_repo_id(model_id) else model.id,
         "max_model_len": model.max_model_len,
     }
 
@@ -91,6 +95,23 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+def _add_docs(app: FastAPI, dependencies: list) -> None:
+    """`/openapi.json`, `/docs` and `/redoc`, which need the API key when one is set."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=dependencies)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=dependencies)
+    async def swagger() -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="axon API")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=dependencies)
+    async def redoc() -> Response:
+        return get_redoc_html(openapi_url="/openapi.json", title="axon API")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(AxonHTTPError, _axon_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -102,11 +123,13 @@ def install_error_handlers(app: FastAPI) -> None:
 def create_app(state, lifespan=None) -> FastAPI:
     """The HTTP app over `state` (an AppState: config and model registry), which every route
     reads as `request.app.state.axon`."""
-    app = FastAPI(title="axon", lifespan=lifespan)
+    # The schema and its pages are served below, behind the API key like every other route.
+    app = FastAPI(title="axon", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.axon = state
     install_error_handlers(app)
     require_api_key = _optional("axon.server.auth", "require_api_key")
     v1 = [Depends(require_api_key)] if require_api_key is not None else []
+    _add_docs(app, v1)
     for router in (
         models_router,
         openai_chat.router,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from axon.server.errors import BadRequest
+from axon.server.request_checks import check_images
 from axon.tokenizer.parsers import (
     ContentDelta,
     OutputParser,
@@ -32,7 +33,8 @@ def include_thinking(headers) -> bool:
 
 
 def _function(tool: dict) -> dict:
-    return tool.get("function", tool) if isinstance(tool, dict) else {}
+    function = tool.get("function", tool) if isinstance(tool, dict) else None
+    return function if isinstance(function, dict) else {}
 
 
 @dataclass
@@ -48,8 +50,12 @@ class ChatOutputPlan:
 
     @classmethod
     def of(cls, model, body, prompt: str | None, headers) -> ChatOutputPlan:
-        """The plan of a chat request; raises BadRequest for a tool_choice or response_format
-        this model cannot honour."""
+        """The plan of a chat request; raises BadRequest for an image, tool_choice or
+        response_format this model cannot honour."""
+        # No model served today has a vision encoder; a multimodal one will say so here.
+        check_images(
+            getattr(body, "messages", None) or [], getattr(model, "supports_images", False)
+        )
         info = getattr(getattr(model, "client", None), "info", None) or {}
         family = parser_family(model.tokenizer, info.get("model_type"))
         kwargs = getattr(body, "chat_template_kwargs", None) or {}
@@ -97,7 +103,9 @@ class ChatOutputPlan:
         """The tool_call grammar spec of tool_choice "required" or a named function."""
         if tool_choice in (None, "auto", "none"):
             return None, "tool_choice"
-        tools = [_function(t) for t in self.tools or []]
+        # Shapes were checked at parsing (request_checks.check_tools); nameless ones are skipped
+        # here so that a request built in code cannot reach a KeyError.
+        tools = [t for t in map(_function, self.tools or []) if isinstance(t.get("name"), str)]
         if not tools:
             raise BadRequest("tool_choice needs tools", param="tool_choice")
         if self.family.tool_format is None:
@@ -125,7 +133,8 @@ def _response_format(response_format) -> dict | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
+        json_schema = response_format.get("json_schema")
+        schema = json_schema.get("schema") if isinstance(json_schema, dict) else None
         if not isinstance(schema, dict):
             raise BadRequest(
                 "response_format.json_schema.schema must be an object",

@@ -49,6 +49,20 @@ class ServerConfig:
     default_source: str = HUGGINGFACE
     sources: Mapping[str, SourceConfig] = field(default_factory=dict)
     log_level: str = "info"
+    # Liveness of the engine processes: a running engine silent this long is wedged (killed,
+    # its requests fail with 503, the model recovers); a load may take this long.
+    engine_step_timeout_s: float = 120.0
+    engine_load_timeout_s: float = 1800.0
+    # The HTTP edge: request bodies beyond this are a 413; a client gets this long to send its
+    # request line and headers, and this long between two pieces of its body; connections
+    # beyond max_connections are answered 503.
+    max_request_body_bytes: int = 32 << 20
+    request_header_timeout_s: float = 10.0
+    request_body_timeout_s: float = 30.0
+    max_connections: int = 1024
+    # Directories that `POST /models/load` may name local models and chat templates in; None:
+    # the working directory, the HF cache and axon's model cache (sources.allowed_local_roots).
+    allowed_local_model_paths: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -61,6 +75,10 @@ class ServerConfig:
         check(self.max_waiting_tokens >= 1, "max_waiting_tokens", "must be >= 1")
         check(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
         check(bool(self.default_source), "default_source", "must not be empty")
+        for name in _POSITIVE_FIELDS:
+            check(getattr(self, name) > 0, name, "must be > 0")
+        paths = self.allowed_local_model_paths
+        check(paths is None or all(paths), "allowed_local_model_paths", "must not hold ''")
 
     def engine_args(self, spec: ModelSpec) -> dict[str, Any]:
         """The engine arguments for `spec`: the server's defaults, overridden by the spec's own."""
@@ -112,6 +130,23 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
 
 
 _STR_FIELDS = {"host", "api_key", "default_source", "log_level"}
+_FLOAT_FIELDS = {
+    "shutdown_grace_s",
+    "engine_step_timeout_s",
+    "engine_load_timeout_s",
+    "request_header_timeout_s",
+    "request_body_timeout_s",
+}
+_INT_FIELDS = {
+    "port",
+    "max_waiting_requests",
+    "max_waiting_tokens",
+    "max_request_body_bytes",
+    "max_connections",
+}
+_POSITIVE_FIELDS = sorted(
+    _FLOAT_FIELDS - {"shutdown_grace_s"} | {"max_request_body_bytes", "max_connections"}
+)
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -125,14 +160,28 @@ def _coerce(name: str, value: Any) -> Any:
         return EngineArgs.model_validate(value)
     if name == "sources":
         return {scheme: _source(scheme, table) for scheme, table in value.items()}
+    if name == "allowed_local_model_paths":
+        return _paths(value)
     if name in _STR_FIELDS:
         return str(value)
-    if name == "shutdown_grace_s":
+    if name in _FLOAT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"config: {name} must be a number, got {value!r}")
         return float(value)
     integer = isinstance(value, int) and not isinstance(value, bool)
-    if name in ("port", "max_waiting_requests", "max_waiting_tokens") and not integer:
+    if name in _INT_FIELDS and not integer:
         raise ValueError(f"config: {name} must be an integer, got {value!r}")
     return value
+
+
+def _paths(value: Any) -> tuple[str, ...]:
+    """A directory list from TOML (a list) or an environment variable (TOML list, or one path)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise ValueError(
+            f"config: allowed_local_model_paths must be a list of paths, got {value!r}"
+        )
+    return tuple(items)
 
 
 def _source(scheme: str, table: Any) -> SourceConfig:

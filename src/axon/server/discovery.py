@@ -6,6 +6,7 @@ GPU facts come from `nvidia-smi`; the HTTP process never opens a device itself. 
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -104,6 +105,13 @@ def run_nvidia_smi(*args: str, timeout_s: float = 10.0) -> str | None:
 
 def _query(fields: str) -> str:
     return run_nvidia_smi(f"--query-gpu={fields}", "--format=csv,noheader,nounits") or ""
+
+
+@functools.cache
+def gpu_indices() -> tuple[int, ...]:
+    """The indices of this node's NVIDIA GPUs (empty without nvidia-smi); read once."""
+    devices, _ = parse_gpu_inventory(_query(INVENTORY_QUERY))
+    return tuple(device["index"] for device in devices)
 
 
 def host_memory() -> dict:

@@ -177,13 +177,17 @@ ENGINE_STATS = EngineStatsCollector()
 REGISTRY.register(ENGINE_STATS)
 
 router = APIRouter()
+STATS_TIMEOUT_S = 2.0
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     registry = request.app.state.axon.registry
     models = [m for m in registry.list_models() if m.status == "loaded"]
-    results = await asyncio.gather(*(m.stats() for m in models), return_exceptions=True)
+    # Bounded: a wedged engine must not hold the scrape (the watchdog deals with the engine).
+    results = await asyncio.gather(
+        *(asyncio.wait_for(m.stats(), STATS_TIMEOUT_S) for m in models), return_exceptions=True
+    )
     snapshots = {}
     for model, result in zip(models, results):
         if isinstance(result, Exception):

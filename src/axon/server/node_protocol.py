@@ -22,6 +22,18 @@ def _parse_size(value: Any) -> Any:
     return value
 
 
+def _fits_the_host(value: int | None) -> int | None:
+    """`value`, unless it is more bytes than this host has memory: such a cache could never be
+    allocated. Read from /proc/meminfo, never from a device (the HTTP process opens none);
+    a GPU with more memory than its host is the one case this refuses wrongly."""
+    from axon.server.discovery import host_memory
+
+    total = host_memory()["total_bytes"]
+    if value is not None and total and value > total:
+        raise ValueError(f"{value} bytes is more than this host's {total} bytes of memory")
+    return value
+
+
 class EngineArgs(BaseModel):
     """Engine arguments under vLLM's names; None leaves the engine's (or the server's) default."""
 
@@ -36,6 +48,7 @@ class EngineArgs(BaseModel):
     enable_prefix_caching: bool | None = None
 
     _check_size = field_validator("kv_cache_memory", mode="before")(_parse_size)
+    _check_fits = field_validator("kv_cache_memory", mode="after")(_fits_the_host)
 
     def engine_args(self) -> dict[str, Any]:
         """The engine arguments this object sets (the None ones left out)."""
@@ -92,3 +105,4 @@ class ModelInfo(BaseModel):
     max_model_len: int | None = None
     created: int | None = None
     error: str | None = None  # why the last recovery failed, while one is being retried
+    engine_pid: int | None = None  # the model's engine process (its group holds every rank)

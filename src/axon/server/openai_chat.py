@@ -10,11 +10,13 @@ from fastapi import APIRouter, Request
 
 from axon.engine.output_processor import RequestState
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
+from axon.server.offload import off_loop
 from axon.server.openai_completions import (
     EventStream,
     Generation,
     or_disconnect,
     served_model,
+    vocab_size,
 )
 from axon.server.protocol import (
     ChatCompletionRequest,
@@ -128,29 +130,39 @@ async def _chat_stream(generation: Generation, context: _ChatContext):
     yield sse("[DONE]")
 
 
-def chat_prompt(model, body: ChatCompletionRequest) -> tuple[str, list[int]]:
+def chat_prompt(
+    model, body: ChatCompletionRequest, param: str = "messages"
+) -> tuple[str, list[int]]:
     """The rendered prompt and its token ids (the template adds the special tokens itself)."""
     messages = [message.template_dict() for message in body.messages]
     text = model.render_chat(
         messages, body.tools, body.chat_template_kwargs, body.add_generation_prompt
     )
-    return text, model.encode(text, add_special_tokens=False)
+    return text, model.encode(text, add_special_tokens=False, param=param)
 
 
-@router.post("/v1/chat/completions")
-async def create_chat_completion(request: Request):
-    started_at = time.monotonic()
-    body = parse_request(await request.body(), ChatCompletionRequest)
-    model = served_model(request, body.model)
+def prepare_chat(model, body: ChatCompletionRequest, headers) -> tuple:
+    """Everything a chat request needs before the engine: the prompt text and ids, the output
+    plan and the sampling params. Request-sized work: run it off the event loop."""
     text, prompt_ids = chat_prompt(model, body)
-    plan = ChatOutputPlan.of(model, body, text, request.headers)
+    plan = ChatOutputPlan.of(model, body, text, headers)
     params = build_sampling_params(
         body,
         len(prompt_ids),
         model.max_model_len,
         model.generation_defaults,
         structured_output=plan.structured_output,
+        vocab_size=vocab_size(model),
     )
+    return text, prompt_ids, plan, params
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request):
+    started_at = time.monotonic()
+    body = await off_loop(parse_request, await request.body(), ChatCompletionRequest)
+    model = served_model(request, body.model)
+    text, prompt_ids, plan, params = await off_loop(prepare_chat, model, body, request.headers)
     generation = await or_disconnect(
         request, Generation.start(model, prompt_ids, params, text, started_at)
     )
@@ -158,4 +170,4 @@ async def create_chat_completion(request: Request):
     if body.stream:
         return EventStream(_chat_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())
-    return context.response(state)
+    return await off_loop(context.response, state)

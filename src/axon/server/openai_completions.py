@@ -17,6 +17,7 @@ from starlette.responses import StreamingResponse
 
 from axon.engine.output_processor import RequestState
 from axon.server.errors import BadRequest, EngineDead
+from axon.server.offload import off_loop
 from axon.server.protocol import (
     CompletionRequest,
     SampleCursor,
@@ -29,7 +30,7 @@ from axon.server.protocol import (
     sse,
     usage,
 )
-from axon.server.sampling import build_sampling_params
+from axon.server.sampling import build_sampling_params, check_prompt_ids
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -99,10 +100,13 @@ class Generation:
         observer.update(first)
 
     @classmethod
-    async def start(cls, model, prompt_ids: list[int], params, prompt: str | None, started_at):
+    async def start(
+        cls, model, prompt_ids: list[int], params, prompt: str | None, started_at, checked=False
+    ):
         """Admits the request: raises the engine's admission errors (context length, overload,
-        unavailable) before any response is sent."""
-        stream = model.generate(prompt_ids, params, prompt=prompt)
+        unavailable) before any response is sent. `checked`: the caller has checked the
+        model's capacity for it (and its siblings) already."""
+        stream = model.generate(prompt_ids, params, prompt=prompt, capacity_checked=checked)
         try:
             first = await anext(stream)
         except StopAsyncIteration:
@@ -138,11 +142,14 @@ class Generation:
 
 
 async def start_all(model, prompts: list[tuple[str | None, list[int]]], params, started_at):
-    """Admits every prompt, or none: a rejection closes the ones already admitted."""
+    """Admits every prompt, or none: the model's capacity is checked once for all of them,
+    and a later rejection closes the ones already admitted."""
+    model.check_capacity(len(prompts) * params.n, sum(len(ids) for _, ids in prompts))
     generations: list[Generation] = []
     try:
         for text, ids in prompts:
-            generations.append(await Generation.start(model, ids, params, text, started_at))
+            start = Generation.start(model, ids, params, text, started_at, checked=True)
+            generations.append(await start)
     except BaseException:
         for generation in generations:
             await generation.aclose()
@@ -256,7 +263,7 @@ def served_model(request: Request, model_id: str):
 # ---- /v1/completions ----------------------------------------------------------------------
 
 
-def _vocab_size(model) -> int | None:
+def vocab_size(model) -> int | None:
     """The model's vocabulary size as its engine reports it (else the tokenizer's)."""
     info = getattr(getattr(model, "client", None), "info", None) or {}
     size = getattr(model, "vocab_size", None) or info.get("vocab_size")
@@ -270,14 +277,15 @@ def _prompts(body: CompletionRequest, model) -> list[tuple[str | None, list[int]
         prompt = [prompt]
     if not prompt:
         raise BadRequest("prompt must not be empty", param="prompt")
-    vocab_size = _vocab_size(model)
+    vocab = vocab_size(model)
     prompts = []
     for item in prompt:
         if isinstance(item, str):
-            prompts.append((item, model.encode(item, add_special_tokens=body.add_special_tokens)))
+            ids = model.encode(item, add_special_tokens=body.add_special_tokens, param="prompt")
+            prompts.append((item, check_prompt_ids(ids, "prompt")))
             continue
-        if not item or any(t < 0 or (vocab_size and t >= vocab_size) for t in item):
-            raise BadRequest(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
+        if not item or any(t < 0 or (vocab and t >= vocab) for t in item):
+            raise BadRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
         prompts.append((None, list(item)))
     return prompts
 
@@ -285,23 +293,34 @@ def _prompts(body: CompletionRequest, model) -> list[tuple[str | None, list[int]
 @router.post("/v1/completions")
 async def create_completion(request: Request):
     started_at = time.monotonic()
-    body = parse_request(await request.body(), CompletionRequest)
+    body = await off_loop(parse_request, await request.body(), CompletionRequest)
     if body.echo or body.suffix:
         raise BadRequest(
             "echo and suffix are not supported", param="echo" if body.echo else "suffix"
         )
     model = served_model(request, body.model)
-    prompts = _prompts(body, model)
-    longest = max(len(ids) for _, ids in prompts)
-    params = build_sampling_params(
-        body, longest, model.max_model_len, model.generation_defaults, prompt_field="prompt"
-    )
+    prompts, params = await off_loop(_prepare, body, model)
     generations = await or_disconnect(request, start_all(model, prompts, params, started_at))
     context = _CompletionContext(body, model, params)
     if body.stream:
         return EventStream(_completion_stream(generations, context), close_all(generations))
     states = await or_disconnect(request, asyncio.gather(*(g.collect() for g in generations)))
-    return context.response(states)
+    return await off_loop(context.response, states)
+
+
+def _prepare(body: CompletionRequest, model) -> tuple[list, object]:
+    """The prompts' (text, token ids) and the sampling params: request-sized, off the loop."""
+    prompts = _prompts(body, model)
+    longest = max(len(ids) for _, ids in prompts)
+    params = build_sampling_params(
+        body,
+        longest,
+        model.max_model_len,
+        model.generation_defaults,
+        prompt_field="prompt",
+        vocab_size=vocab_size(model),
+    )
+    return prompts, params
 
 
 class _CompletionContext:

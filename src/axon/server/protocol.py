@@ -3,7 +3,12 @@ response bodies.
 
 Requests are validated in pydantic's strict mode from the raw JSON, so a wrong type (`"n": "2"`,
 `"temperature": "hot"`) is a 400 naming the field rather than a silent coercion; a JSON integer
-still passes for a float. Fields no route knows are ignored: OpenAI clients send extras.
+still passes for a float; NaN and infinities (which Python's JSON reader takes) are refused
+everywhere. Fields no route knows are ignored: OpenAI clients send extras.
+
+Bounds: `n` and `best_of` <= 128 and `top_logprobs` <= 20 (OpenAI's), `seed` in int64 (vLLM's);
+axon's own: at most 16 stop strings of at most 1,000 characters each (OpenAI allows 4), 128
+stop_token_ids, 300 logit_bias entries; tools and schemas: see request_checks.py.
 """
 
 from __future__ import annotations
@@ -12,16 +17,43 @@ import json
 import logging
 import secrets
 import time
-from typing import Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from axon.server.errors import AxonHTTPError, BadRequest
+from axon.server.request_checks import (
+    check_content_parts,
+    check_response_format,
+    check_tool_choice,
+    check_tools,
+    non_finite_path,
+)
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=BaseModel)
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "bytes", "tuple"}
+
+MAX_N = 128
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000
+MAX_STOP_TOKEN_IDS = 128
+MAX_LOGIT_BIAS_ENTRIES = 300
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+StopString = Annotated[str, StringConstraints(max_length=MAX_STOP_CHARS)]
+TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
+Bias = Annotated[float, Field(ge=-100, le=100)]
+NumSamples = Annotated[int, Field(ge=1, le=MAX_N)]
+TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]
 
 
 def random_id(prefix: str) -> str:
@@ -56,7 +88,7 @@ def parse_request(raw: bytes, schema: type[T]) -> T:
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(OpenAIModel):
@@ -74,9 +106,11 @@ class SamplingRequest(OpenAIModel):
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    stop: StopString | list[StopString] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    logit_bias: dict[TokenIdKey, Bias] | None = Field(None, max_length=MAX_LOGIT_BIAS_ENTRIES)
+    prompt_logprobs: int | None = None  # vLLM's; refused until computed (SamplingParams)
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
@@ -84,6 +118,24 @@ class SamplingRequest(OpenAIModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+
+    # Fields whose JSON pydantic leaves untyped, so NaN can hide in them.
+    free_form: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_free_form(self):
+        for name in self.free_form:
+            where = non_finite_path(getattr(self, name), name)
+            if where is not None:
+                raise BadRequest(f"{where} must be a finite number", param=where)
+        self.check_shapes()
+        return self
+
+    def check_shapes(self) -> None:
+        """Raises BadRequest for a field of the wrong shape or size (see request_checks)."""
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:
+            message = f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
+            raise BadRequest(message, param="stop")
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         """The completion-length cap the request sets (None: as long as the context allows), and
@@ -123,15 +175,25 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    n: int = 1
+    n: NumSamples = 1
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+
+    free_form = ("messages", "tools", "tool_choice", "response_format", "chat_template_kwargs")
+
+    def check_shapes(self) -> None:
+        super().check_shapes()
+        for index, message in enumerate(self.messages):
+            check_content_parts(message.content, f"messages[{index}].content")
+        check_tools(self.tools, flat=False)
+        check_tool_choice(self.tool_choice)
+        check_response_format(self.response_format)
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         if self.max_completion_tokens is not None:
@@ -155,13 +217,16 @@ class ChatCompletionRequest(SamplingRequest):
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
-    n: int = 1
-    logprobs: int | None = None
+    n: NumSamples = 1
+    best_of: NumSamples | None = None
+    logprobs: TopLogprobs | None = None
     echo: bool = False
     suffix: str | None = None
     add_special_tokens: bool = True
 
     def requested_n(self) -> int:
+        if self.best_of is not None and self.best_of != self.n:
+            raise BadRequest("best_of other than n is not supported", param="best_of")
         return self.n
 
     def requested_logprobs(self) -> tuple[int | None, str]:
@@ -180,6 +245,13 @@ class ResponsesRequest(SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+
+    free_form = ("input", "tools", "tool_choice", "chat_template_kwargs")
+
+    def check_shapes(self) -> None:
+        super().check_shapes()
+        check_tools(self.tools, flat=True)
+        check_tool_choice(self.tool_choice)
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         return self.max_output_tokens, "max_output_tokens"

@@ -19,14 +19,14 @@ from typing import Any
 from axon.server.config import ServerConfig
 from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound, ModelUnavailable
 from axon.server.node_protocol import HARNESS, ModelInfo, ModelSpec
-from axon.server.sources import resolve_model
+from axon.server.sources import read_chat_template, resolve_model
 
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "5"
 MEMORY_QUERY_TIMEOUT_S = 2.0
 Starter = Callable[..., Awaitable[Any]]  # ServedModel.start's signature
-Resolver = Callable[[ModelSpec, ServerConfig], Path]
+Resolver = Callable[..., Path]  # resolve_model's signature: (spec, config, trusted=...)
 
 
 class Conflict(AxonHTTPError):
@@ -46,6 +46,7 @@ class _Entry:
     status: str = "loading"  # loading | loaded | poisoned | recovering
     model: Any = None  # the ServedModel, once started
     model_path: Path | None = None
+    chat_template: Any = None  # the spec's template override, read once (recovery reuses it)
     task: asyncio.Task | None = None  # the load or the recovery in progress
     error: str | None = None
 
@@ -95,11 +96,14 @@ class ModelRegistry:
 
     # ---- load / unload ----------------------------------------------------------------------
 
-    async def load(self, spec: ModelSpec):
+    async def load(self, spec: ModelSpec, trusted: bool = False):
         """Resolves, downloads and starts `spec`; returns the ServedModel once its weights are
-        resident. Raises BadRequest (unknown harness, already loaded, failed load), the
-        preflight 422s, or ModelUnavailable while the server shuts down."""
+        resident. Local paths (model, chat template) must lie under the allowed roots unless
+        `trusted` (the operator's own spec, not an HTTP request's). Raises BadRequest (unknown
+        harness, already loaded, path not allowed, failed load), the preflight 422s, or
+        ModelUnavailable while the server shuts down."""
         spec.check_harness()
+        await check_placement(spec)
         if self.closed:
             raise ModelUnavailable("the server is shutting down")
         model_id = spec.served_id
@@ -108,14 +112,22 @@ class ModelRegistry:
             raise BadRequest(f"model {model_id!r} is already {existing.status}", param="model_id")
         entry = _Entry(spec)
         self._entries[model_id] = entry
-        entry.task = asyncio.get_running_loop().create_task(self._load(model_id, entry))
+        entry.task = asyncio.get_running_loop().create_task(self._load(model_id, entry, trusted))
         entry.task.add_done_callback(_retrieve_exception)
-        # Shielded: a client that hangs up mid-load must not leave half an engine behind.
-        return await asyncio.shield(entry.task)
-
-    async def _load(self, model_id: str, entry: _Entry):
+        task = entry.task
         try:
-            entry.model_path = await asyncio.to_thread(self._resolve, entry.spec, self.config)
+            # Shielded: a client that hangs up mid-load must not leave half an engine behind.
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and self._entries.get(model_id) is not entry:
+                raise Conflict(f"model {model_id!r} was unloaded while it loaded") from None
+            raise
+
+    async def _load(self, model_id: str, entry: _Entry, trusted: bool):
+        try:
+            entry.model_path, entry.chat_template = await asyncio.to_thread(
+                self._resolve_files, entry.spec, trusted
+            )
             model = await self._start_model(model_id, entry)
         except BaseException:
             self._drop(model_id, entry)
@@ -126,11 +138,21 @@ class ModelRegistry:
         logger.info("model %s loaded from %s", model_id, entry.model_path)
         return model
 
-    async def _start_model(self, model_id: str, entry: _Entry):
+    def _resolve_files(self, spec: ModelSpec, trusted: bool) -> tuple[Path, Any]:
+        # Blocking file work, in a thread: the template first, so a bad one fails the load
+        # before anything is downloaded.
+        template = read_chat_template(spec, self.config, trusted=trusted)
+        return self._resolve(spec, self.config, trusted=trusted), template
+
+    async def _start_model(self, model_id: str, entry: _Entry, previous=None):
+        """Starts the model's engine; `previous` (a recovery) lends its tokenizer."""
         engine_args = self.config.engine_args(entry.spec)
-        path = str(entry.model_path)
+        path, spec, template = str(entry.model_path), entry.spec, entry.chat_template
+        reuse = {} if previous is None else {"previous": previous}
         try:
-            model = await self._start(model_id, path, engine_args, entry.spec, self.config)
+            model = await self._start(
+                model_id, path, engine_args, spec, self.config, chat_template=template, **reuse
+            )
         except AxonHTTPError:
             raise
         except Exception as exc:  # neuron: every other load failure is a 400 that says why
@@ -144,14 +166,17 @@ class ModelRegistry:
 
     async def unload(self, model_id: str, grace_s: float | None = None) -> None:
         """Stops admitting requests to the model, gives its in-flight ones up to `grace_s`
-        (default: the config's shutdown grace), then stops its engine. Raises ModelNotFound,
-        or Conflict while it is still loading."""
+        (default: the config's shutdown grace), then stops its engine; a wedged engine is
+        killed. A model still loading or recovering has that cancelled (its half-started
+        engine's process group killed). Raises ModelNotFound."""
         entry = self._entries.get(model_id)
         if entry is None:
             raise ModelNotFound(f"model {model_id!r} is not loaded", param="model_id")
-        if entry.status == "loading":
-            raise Conflict(f"model {model_id!r} is still loading; unload it once it is loaded")
         del self._entries[model_id]  # from here on its new requests get 404
+        if entry.task is not None:
+            entry.task.cancel()
+            await asyncio.gather(entry.task, return_exceptions=True)
+            logger.info("model %s unloaded while %s", model_id, entry.status)
         grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
         if entry.model is not None:  # a recovery without one shuts its new engine down itself
             await entry.model.shutdown(grace_s)
@@ -243,6 +268,7 @@ class ModelRegistry:
             max_model_len=getattr(model, "max_model_len", None),
             created=getattr(model, "created", None),
             error=entry.error,
+            engine_pid=getattr(model, "engine_pid", None),
         )
 
     # ---- recovery ---------------------------------------------------------------------------
@@ -267,7 +293,7 @@ class ModelRegistry:
         except Exception as exc:
             logger.warning("stopping the faulted engine of %s failed: %r", model_id, exc)
         try:
-            model = await self._start_model(model_id, entry)
+            model = await self._start_model(model_id, entry, previous=old)
         except Exception as exc:
             logger.error("recovery of %s failed; it is unloaded: %s", model_id, exc)
             self._drop(model_id, entry)
@@ -279,6 +305,38 @@ class ModelRegistry:
             return
         entry.model, entry.status, entry.error = model, "loaded", None
         logger.info("model %s recovered", model_id)
+
+
+async def check_placement(spec: ModelSpec) -> None:
+    """Raises BadRequest unless the spec's `tensor_parallel` and `devices` can be honoured
+    here: one rank per model for now, on GPUs this node has (never silently ignored)."""
+    ranks = spec.tensor_parallel or 1
+    if ranks > 1:
+        raise BadRequest(
+            f"tensor_parallel {ranks} is not supported yet: this server runs each model as a "
+            "single rank (tensor_parallel 1)",
+            code="tensor_parallel_unsupported",
+            param="tensor_parallel",
+        )
+    devices = spec.devices
+    if not devices:
+        return
+    if len(devices) > ranks:
+        raise BadRequest(
+            f"devices lists {len(devices)} GPUs for {ranks} rank(s): give one device per rank",
+            param="devices",
+        )
+    from axon.server.discovery import gpu_indices
+
+    present = await asyncio.to_thread(gpu_indices)
+    missing = [device for device in devices if device not in present]
+    if missing:
+        have = f"its GPUs are {list(present)}" if present else "it has no NVIDIA GPU"
+        raise BadRequest(
+            f"devices {missing} not found on this node: {have}",
+            code="device_not_found",
+            param="devices",
+        )
 
 
 def _retrieve_exception(task: asyncio.Task) -> None:

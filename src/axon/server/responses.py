@@ -10,12 +10,14 @@ from pydantic import ValidationError
 
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.errors import BadRequest
+from axon.server.offload import off_loop
 from axon.server.openai_chat import chat_prompt
 from axon.server.openai_completions import (
     EventStream,
     Generation,
     or_disconnect,
     served_model,
+    vocab_size,
 )
 from axon.server.protocol import (
     ChatCompletionRequest,
@@ -34,25 +36,29 @@ router = APIRouter()
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _message_content(content, where: str):
-    """A message item's content as chat content: one string unless it carries an image."""
+def _message_content(content, where: str) -> str:
+    """A message item's text parts joined into one chat string. An image part is a 400
+    (`vision_unsupported`: no model here has a vision encoder), as is any other part type."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
         raise BadRequest(
             f"{where}.content must be a string or a list of parts", param=f"{where}.content"
         )
-    if not any(isinstance(p, dict) and p.get("type") == "input_image" for p in content):
-        return "\n\n".join(str(p.get("text", "")) for p in content if p.get("type") in _TEXT_PARTS)
-    parts = []
-    for part in content:
+    texts = []
+    for index, part in enumerate(content):
+        param = f"{where}.content[{index}]"
         if part.get("type") == "input_image":
-            url = part.get("image_url")
-            url = url.get("url") if isinstance(url, dict) else url
-            parts.append({"type": "image_url", "image_url": {"url": url}})
-        elif part.get("type") in _TEXT_PARTS:
-            parts.append({"type": "text", "text": str(part.get("text", ""))})
-    return parts
+            message = f"{param}: this model has no vision encoder; image inputs are not supported"
+            raise BadRequest(message, code="vision_unsupported", param=param)
+        if part.get("type") not in _TEXT_PARTS:
+            raise BadRequest(
+                f"{param}.type {part.get('type')!r} is not supported", param=f"{param}.type"
+            )
+        if not isinstance(part.get("text"), str):
+            raise BadRequest(f"{param}.text must be a string", param=f"{param}.text")
+        texts.append(part["text"])
+    return "\n\n".join(texts)
 
 
 def _item_message(item: dict, where: str) -> dict | None:
@@ -304,7 +310,7 @@ async def _response_stream(generation: Generation, context: _ResponseContext):
 @router.post("/v1/responses")
 async def create_response(request: Request):
     started_at = time.monotonic()
-    body = parse_request(await request.body(), ResponsesRequest)
+    body = await off_loop(parse_request, await request.body(), ResponsesRequest)
     if body.previous_response_id is not None:
         raise BadRequest(
             "previous_response_id is not supported: this server keeps no conversation state; "
@@ -313,8 +319,21 @@ async def create_response(request: Request):
             param="previous_response_id",
         )
     model = served_model(request, body.model)
+    text, prompt_ids, plan, params = await off_loop(_prepare, model, body)
+    generation = await or_disconnect(
+        request, Generation.start(model, prompt_ids, params, text, started_at)
+    )
+    context = _ResponseContext(body, model, params, plan)
+    if body.stream:
+        return EventStream(_response_stream(generation, context), generation.aclose)
+    state = await or_disconnect(request, generation.collect())
+    return await off_loop(context.final, state)
+
+
+def _prepare(model, body: ResponsesRequest) -> tuple:
+    """The prompt text and ids, output plan and sampling params: request-sized, off the loop."""
     chat_request = _as_chat_request(body)
-    text, prompt_ids = chat_prompt(model, chat_request)
+    text, prompt_ids = chat_prompt(model, chat_request, param="input")
     plan = ChatOutputPlan.of(model, chat_request, text, {})
     params = build_sampling_params(
         body,
@@ -323,12 +342,6 @@ async def create_response(request: Request):
         model.generation_defaults,
         prompt_field="input",
         structured_output=plan.structured_output,
+        vocab_size=vocab_size(model),
     )
-    generation = await or_disconnect(
-        request, Generation.start(model, prompt_ids, params, text, started_at)
-    )
-    context = _ResponseContext(body, model, params, plan)
-    if body.stream:
-        return EventStream(_response_stream(generation, context), generation.aclose)
-    state = await or_disconnect(request, generation.collect())
-    return context.final(state)
+    return text, prompt_ids, plan, params

@@ -40,6 +40,18 @@ def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int, f
         )
 
 
+def check_prompt_ids(prompt_ids, param: str):
+    """`prompt_ids`, unless there are none: an empty prompt has no position to sample from, and
+    reaching the engine it would fail the step (a 503) instead of the request (a 400)."""
+    if not prompt_ids:
+        raise _empty_prompt(param)
+    return prompt_ids
+
+
+def _empty_prompt(param: str) -> BadRequest:
+    return BadRequest(f"{param} must not be empty: it has no tokens", param=param)
+
+
 def _sampling_defaults(request: SamplingRequest, generation_defaults: dict) -> dict:
     """The five generation_config fields: the request's value, else the model's, else OpenAI's."""
     chosen = {}
@@ -63,6 +75,8 @@ def _engine_fields(request: SamplingRequest, generation_defaults: dict) -> dict:
         ignore_eos=request.ignore_eos,
         skip_special_tokens=request.skip_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
+        logit_bias={int(k): v for k, v in (request.logit_bias or {}).items()} or None,
+        prompt_logprobs=request.prompt_logprobs,
     )
     return values
 
@@ -74,12 +88,15 @@ def build_sampling_params(
     generation_defaults: dict | None = None,
     prompt_field: str = "messages",
     structured_output: dict | None = None,
+    vocab_size: int | None = None,
 ) -> SamplingParams:
     """The engine's SamplingParams for `request` on a prompt of `prompt_len` tokens.
 
     Raises ContextLengthExceeded when it cannot fit, BadRequest (param naming the request's
     field) for an invalid value. An omitted max_tokens means "up to the context length".
     """
+    if prompt_len < 1:  # e.g. a chat template that renders to nothing
+        raise _empty_prompt(prompt_field)
     max_tokens, max_field = request.requested_max_tokens()
     if max_tokens is not None and max_tokens < 1:
         raise BadRequest(f"{max_field} must be >= 1, got {max_tokens}", param=max_field)
@@ -88,6 +105,10 @@ def build_sampling_params(
         max_tokens = max_model_len - prompt_len
     logprobs, logprobs_field = request.requested_logprobs()
     values = _engine_fields(request, generation_defaults or {})
+    if vocab_size and any(token >= vocab_size for token in values["logit_bias"] or ()):
+        raise BadRequest(
+            f"logit_bias keys must be token ids below {vocab_size}", param="logit_bias"
+        )
     values.update(max_tokens=max_tokens, logprobs=logprobs, structured_output=structured_output)
     renames = {"max_tokens": max_field, "logprobs": logprobs_field}
     try:

@@ -29,6 +29,7 @@ from axon.server.registry import ActivationTracker
 logger = logging.getLogger("axon.serve")
 
 OPEN_PATHS = ("/health", "/metrics")  # still answered while shutting down
+KEEP_ALIVE_S = 75  # idle keep-alive connections (nginx's default)
 _ENGINE_FLAGS = tuple(EngineArgs.model_fields)
 
 
@@ -47,6 +48,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tensor-parallel-size", type=int, help="TP ranks for MODEL")
     parser.add_argument("--shutdown-grace", type=float, help="seconds for in-flight requests")
+    parser.add_argument(
+        "--allowed-local-model-path",
+        action="append",
+        metavar="DIR",
+        help="a directory POST /models/load may name local models and chat templates in "
+        "(repeatable; default: the working directory, the HF cache and axon's model cache)",
+    )
     parser.add_argument("--log-level", help="debug, info (default), warning, error")
     parser.add_argument(
         "--no-demo",
@@ -93,6 +101,7 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
         api_key=ns.api_key,
         shutdown_grace_s=ns.shutdown_grace,
         log_level=ns.log_level,
+        allowed_local_model_paths=_tuple_or_none(getattr(ns, "allowed_local_model_path", None)),
         engine=engine,
         default_models=models,
     )
@@ -109,6 +118,10 @@ def with_demo_default(config: ServerConfig, ns: argparse.Namespace) -> ServerCon
     print(f"axon: no model given: serving {DEMO_MODEL_ID} ({path})", file=sys.stderr, flush=True)
     spec = ModelSpec(model_id=str(path), served_model_name=DEMO_MODEL_ID)
     return config.with_overrides(default_models=(spec,))
+
+
+def _tuple_or_none(values: list | None) -> tuple | None:
+    return tuple(values) if values else None
 
 
 def _set(values: dict) -> dict:
@@ -175,7 +188,7 @@ async def load_default_models(registry, specs, tracker: ActivationTracker) -> No
     for spec in specs:
         tracker.start(spec.served_id)
         try:
-            await registry.load(spec)
+            await registry.load(spec, trusted=True)  # the operator's own: any local path
         except AxonHTTPError as exc:
             logger.error("startup load of %s failed: %s", spec.served_id, json.dumps(exc.body()))
             tracker.finish(spec.served_id, error=exc.message)
@@ -192,6 +205,7 @@ def _make_server(config: ServerConfig, state):
     import uvicorn
 
     from axon.server.app import create_app
+    from axon.server.edge import BodyLimits, guarded_protocol
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -199,11 +213,15 @@ def _make_server(config: ServerConfig, state):
             yield
 
     app = AdmissionGate(create_app(state), state)
+    app = BodyLimits(app, config.max_request_body_bytes, config.request_body_timeout_s)
     uv_config = uvicorn.Config(
         app,
+        http=guarded_protocol(config.request_header_timeout_s, config.max_connections),
         log_level=config.log_level.lower(),
         timeout_graceful_shutdown=max(1, int(config.shutdown_grace_s)),
-        timeout_keep_alive=5,
+        # Longer than clients keep idle connections (httpx 5 s, aiohttp 15 s): the client closes
+        # first, never racing a request onto a connection the server is closing.
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     return Server(uv_config)
 

@@ -13,14 +13,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from axon.config import EngineConfig
-from axon.engine.client import EngineClient, EngineError
+from axon.engine.client import EngineClient, EngineError, Liveness
 from axon.engine.llm import load_tokenizer
 from axon.engine.output_processor import RequestState
 from axon.sampling_params import SamplingParams
 from axon.server.errors import ContextLengthExceeded, EngineDead, ModelUnavailable, Overloaded
 from axon.tokenizer.chat_template import (
     ChatTemplate,
-    load_template_file,
     render_chat,
     resolve_chat_template,
     warn_chatml_fallback,
@@ -28,7 +27,10 @@ from axon.tokenizer.chat_template import (
 
 logger = logging.getLogger(__name__)
 
-_DEBUG_POISONED: set[str] = set()
+_DEBUG_HOOKS = {"AXON_DEBUG_POISON": "inject_fault", "AXON_DEBUG_WEDGE": "inject_hang"}
+_DEBUG_FIRED: set[tuple[str, str]] = set()
+_PROBE_CHARS_PER_TOKEN = 16  # a long text's head that is tokenized first (see encode)
+_PROBE_SLACK_TOKENS = 8
 _GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -42,16 +44,44 @@ def load_generation_defaults(model_path: str) -> dict:
 
 
 def _model_template(model_id: str, tokenizer_path: str, tokenizer, override) -> ChatTemplate | None:
-    """The model's chat template (see resolve_chat_template), also set on the tokenizer so that
-    whatever reads `tokenizer.chat_template` (the output parsers) sees the one in use."""
+    """The model's chat template: `override` (template text), else the model's own (see
+    resolve_chat_template), also set on the tokenizer so that whatever reads
+    `tokenizer.chat_template` (the output parsers) sees the one in use. Reads files: run it in
+    a thread."""
     if tokenizer is None:
         return None
-    template = resolve_chat_template(tokenizer_path, tokenizer, override)
+    template = override or resolve_chat_template(tokenizer_path, tokenizer)
     if template is None:
         warn_chatml_fallback(tokenizer, model_id)
     else:
         tokenizer.chat_template = template
     return template
+
+
+def _load_frontend(model_id: str, config: EngineConfig, override) -> tuple:
+    """(tokenizer, chat template) of the model: blocking, run in a thread."""
+    tokenizer_path = config.tokenizer or config.model
+    tokenizer = load_tokenizer(tokenizer_path)
+    return tokenizer, _model_template(model_id, tokenizer_path, tokenizer, override)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _liveness(server_config) -> Liveness:
+    if server_config is None:
+        return Liveness()
+    return Liveness(server_config.engine_step_timeout_s, server_config.engine_load_timeout_s)
+
+
+def _device_env(spec) -> dict[str, str]:
+    """The engine's environment: `devices` pins it to those GPUs (it sees them as 0..N-1)."""
+    devices = getattr(spec, "devices", None)
+    if not devices:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in devices)}
 
 
 class ServedModel:
@@ -79,7 +109,8 @@ class ServedModel:
         self.max_num_seqs = client.config.max_num_seqs
         self.max_waiting_requests = getattr(server_config, "max_waiting_requests", 256)
         self.max_waiting_tokens = getattr(server_config, "max_waiting_tokens", 1 << 20)
-        self.num_inflight = 0
+        self.num_inflight = 0  # requests
+        self.num_inflight_seqs = 0  # their sequences (n each)
         self.num_waiting_tokens = 0  # prompt tokens of requests still waiting for a first token
         self.accepting = True
         self._idle = asyncio.Event()
@@ -93,25 +124,39 @@ class ServedModel:
         engine_args: dict,
         spec=None,
         server_config=None,
-        chat_template: str | None = None,
+        chat_template: ChatTemplate | None = None,
+        previous: ServedModel | None = None,
     ) -> ServedModel:
-        """Spawn the engine process for `model_path` and wait until it is ready. `chat_template`
-        (default: the spec's) is a template file that overrides the model's own."""
-        override = chat_template or getattr(spec, "chat_template", None)
-        if override is not None:
-            load_template_file(override)  # a bad file fails the load before the engine starts
+        """Spawn the engine process for `model_path` and wait until it is ready; the tokenizer
+        loads meanwhile, in a thread. `chat_template` is the text of a template that overrides
+        the model's own (the registry reads the spec's file, under its path rules, before the
+        load; this never reads a path from the spec). `previous`: the faulted model this one
+        replaces, whose tokenizer and template are reused (a recovery loads only weights)."""
         config = EngineConfig.from_kwargs(str(model_path), **engine_args)
-        client = await EngineClient.start(config)
+        if previous is not None:
+            frontend = asyncio.get_running_loop().create_future()
+            frontend.set_result((previous.tokenizer, previous.chat_template))
+        else:
+            frontend = asyncio.ensure_future(
+                asyncio.to_thread(_load_frontend, model_id, config, chat_template)
+            )
+        frontend.add_done_callback(_retrieve)  # a failed engine start leaves it unawaited
+        client = await EngineClient.start(
+            config, liveness=_liveness(server_config), env=_device_env(spec)
+        )
         try:
-            tokenizer_path = config.tokenizer or config.model
-            tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path)
-            template = _model_template(model_id, tokenizer_path, tokenizer, override)
-        except Exception:
+            tokenizer, template = await frontend
+        except BaseException:
             await client.shutdown()
             raise
         return cls(model_id, spec, client, tokenizer, str(model_path), server_config, template)
 
     # ---- status -----------------------------------------------------------------------------
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The engine process's pid (its process group holds every rank)."""
+        return self.client.process.pid
 
     @property
     def status(self) -> str:
@@ -151,14 +196,46 @@ class ServedModel:
             chat_template=self.chat_template,
         )
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool = True, param: str | None = None
+    ) -> list[int]:
+        """The token ids of `text`. With `param` (the request field it came from), a text far
+        longer than the context is refused from its head alone: a 10 MB prompt costs the
+        tokenization of a few hundred KB, not of all of it. Raises ContextLengthExceeded."""
         if self.tokenizer is None:
             raise ModelUnavailable(f"model {self.id!r} has no tokenizer; send token ids")
+        limit = self.max_model_len
+        probe = limit * _PROBE_CHARS_PER_TOKEN
+        if param is not None and len(text) > probe:
+            head = self.tokenizer.encode(text[:probe], add_special_tokens=add_special_tokens)
+            # The whole text has at least the head's tokens, give or take the few at the cut.
+            if len(head) > limit + _PROBE_SLACK_TOKENS:
+                raise ContextLengthExceeded(
+                    f"This model's maximum context length is {limit} tokens. However, your "
+                    f"prompt has more than {len(head) - _PROBE_SLACK_TOKENS} tokens; reduce the "
+                    f"length of the {param}.",
+                    param=param,
+                )
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     # ---- generation -------------------------------------------------------------------------
 
-    def _admit(self, prompt_len: int, params: SamplingParams) -> None:
+    def check_capacity(self, num_seqs: int, num_prompt_tokens: int) -> None:
+        """Raises Overloaded (429, Retry-After) unless a request of `num_seqs` sequences (`n`
+        for each of its prompts) and `num_prompt_tokens` fits the waiting queue. Sequences,
+        not requests: one request with n=128 is 128 sequences of work. An idle model takes any
+        single request whose prompts fit its context."""
+        waiting = self.num_inflight_seqs + num_seqs - self.max_num_seqs
+        too_many = waiting > self.max_waiting_requests
+        too_long = self.num_waiting_tokens + num_prompt_tokens > self.max_waiting_tokens
+        if self.num_inflight and (too_many or too_long):
+            raise Overloaded(
+                f"model {self.id!r} has {self.num_inflight_seqs} sequences in flight; "
+                "retry shortly",
+                headers={"Retry-After": "1"},
+            )
+
+    def _admit(self, prompt_len: int, params: SamplingParams, capacity_checked: bool) -> None:
         if not self.accepting:
             raise ModelUnavailable(
                 f"model {self.id!r} is shutting down", headers={"Retry-After": "5"}
@@ -177,30 +254,24 @@ class ServedModel:
                 f"{params.max_tokens} in the completion).",
                 param="max_tokens" if prompt_len < limit else "messages",
             )
-        waiting = self.num_inflight - self.max_num_seqs
-        if waiting >= self.max_waiting_requests or (
-            self.num_waiting_tokens + prompt_len > self.max_waiting_tokens and self.num_inflight
-        ):
-            raise Overloaded(
-                f"model {self.id!r} has {self.num_inflight} requests in flight; retry shortly",
-                headers={"Retry-After": "1"},
-            )
+        if not capacity_checked:
+            self.check_capacity(params.n, prompt_len)
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        capacity_checked: bool = False,
     ) -> AsyncIterator[RequestState]:
         """Yield the request's state: once as soon as it is admitted (no output yet), then each
         time it changes, the last time finished. Raises admission errors before the first
         yield; leaving early aborts it in the engine."""
-        self._admit(len(prompt_token_ids), params)
+        self._admit(len(prompt_token_ids), params, capacity_checked)
         request_id = uuid.uuid4().hex
         state = RequestState(request_id, prompt, prompt_token_ids, params, self.tokenizer)
-        if os.environ.get("AXON_DEBUG_POISON") == self.id and self.id not in _DEBUG_POISONED:
-            # neuron's NEURON_DEBUG_POISON: the named model's first request in this process
-            # injects a device fault, so tests can drive poisoning and recovery end to end.
-            _DEBUG_POISONED.add(self.id)
-            await self.client.call("inject_fault")
-        self._enter(len(prompt_token_ids))
+        await self._debug_hooks()
+        self._enter(len(prompt_token_ids), params.n)
         waiting_tokens = len(prompt_token_ids)
         stream = self.client.generate(request_id, prompt_token_ids, params)
         try:
@@ -219,15 +290,26 @@ class ServedModel:
         finally:
             await stream.aclose()
             self.num_waiting_tokens -= waiting_tokens
-            self._leave()
+            self._leave(params.n)
 
-    def _enter(self, prompt_len: int) -> None:
+    async def _debug_hooks(self) -> None:
+        """neuron's NEURON_DEBUG_POISON, and a wedge: when AXON_DEBUG_POISON (or _WEDGE) names
+        this model, its first request in this process injects a device fault (or a step that
+        never returns), so tests can drive poisoning, the watchdog and recovery end to end."""
+        for variable, command in _DEBUG_HOOKS.items():
+            if os.environ.get(variable) == self.id and (variable, self.id) not in _DEBUG_FIRED:
+                _DEBUG_FIRED.add((variable, self.id))
+                await self.client.call(command)
+
+    def _enter(self, prompt_len: int, num_seqs: int) -> None:
         self.num_inflight += 1
+        self.num_inflight_seqs += num_seqs
         self.num_waiting_tokens += prompt_len
         self._idle.clear()
 
-    def _leave(self) -> None:
+    def _leave(self, num_seqs: int) -> None:
         self.num_inflight -= 1
+        self.num_inflight_seqs -= num_seqs
         if self.num_inflight == 0:
             self._idle.set()
 

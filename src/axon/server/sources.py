@@ -6,6 +6,7 @@ its own endpoint, token variable and cache dir, so a mirror and the canonical hu
 on disk. Before anything is downloaded, one file listing (preflight) checks that the repo can
 serve the spec, with neuron's typed 422 errors. Downloads use `snapshot_download` into the
 standard HF cache layout, with huggingface_hub's progress bars on stderr.
+Local paths are confined to the allowed roots unless the spec is trusted (see local_paths).
 """
 
 from __future__ import annotations
@@ -14,13 +15,22 @@ import difflib
 import logging
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from axon.server.config import HUGGINGFACE, ServerConfig, SourceConfig
 from axon.server.errors import BadRequest, Unprocessable
+from axon.server.local_paths import (
+    PATH_PREFIXES,
+    list_checkpoint_files,
+    local_model_path,
+    not_allowed,
+    shown,
+)
 from axon.server.node_protocol import ModelSpec
+from axon.tokenizer.chat_template import ChatTemplate, load_template_file
 
 logger = logging.getLogger(__name__)
 
@@ -82,17 +92,27 @@ def parse_model_ref(
     return ModelRef(scheme, f"{org}/{name}", ref_revision or revision)
 
 
-def local_model_path(model_id: str) -> Path | None:
-    """The local file or directory `model_id` names, or None when it is a repo id.
+def allowed_local_roots(config: ServerConfig, environ: Mapping[str, str]) -> tuple[Path, ...]:
+    """The directories a `POST /models/load` may name local files in (absolute, symlinks not yet
+    resolved): the configured `allowed_local_model_paths`, else the working directory, the HF
+    cache and axon's model cache (where the demo model is assembled)."""
+    from axon.kernels.build import cache_dir
 
-    An id that is spelled like a path (`/…`, `./…`, `~/…`) but does not exist is a BadRequest.
-    """
-    path = Path(model_id).expanduser()
-    if path.exists():
-        return path.resolve()
-    if model_id.startswith(("/", "./", "../", "~")):
-        raise BadRequest(f"model path {model_id!r} does not exist", param="model_id")
-    return None
+    paths = config.allowed_local_model_paths
+    if paths is None:
+        paths = (os.getcwd(), hf_cache_dir(environ), str(cache_dir() / "models"))
+    return tuple(Path(os.path.abspath(os.path.expanduser(path))) for path in paths)
+
+
+def is_repo_id(model_id: str) -> bool:
+    """Whether `model_id` reads as `[scheme:]org/name[@revision]` rather than as a path."""
+    if model_id.startswith(PATH_PREFIXES):
+        return False
+    try:
+        parse_model_ref(model_id)
+    except BadRequest:
+        return False
+    return True
 
 
 def hf_cache_dir(environ: Mapping[str, str]) -> str:
@@ -260,16 +280,22 @@ def download(ref: ModelRef, source: Source, plan: FilePlan, offline: bool = Fals
 
 
 def resolve_model(
-    spec: ModelSpec, config: ServerConfig, environ: Mapping[str, str] | None = None
+    spec: ModelSpec,
+    config: ServerConfig,
+    environ: Mapping[str, str] | None = None,
+    trusted: bool = False,
 ) -> Path:
     """The local path to load for `spec` (a checkpoint directory, or a .gguf file): a local path
-    as it is, a repo after preflight and download. Blocking; run it in a thread.
+    as it is, a repo after preflight and download. Blocking; run it in a thread. A local path is
+    confined to the allowed roots unless `trusted` (the operator's own spec).
 
-    Raises BadRequest (bad id, unknown source, failed download) or the preflight 422s.
+    Raises BadRequest (bad id, path not allowed, unknown source, failed download) or the
+    preflight 422s.
     """
     environ = os.environ if environ is None else environ
     tensor_parallel = spec.tensor_parallel or 1
-    local = local_model_path(spec.model_id)
+    roots = None if trusted else allowed_local_roots(config, environ)
+    local = local_model_path(spec.model_id, roots)
     if local is not None:
         return _resolve_local(spec, local, tensor_parallel)
     ref = parse_model_ref(spec.model_id, config.default_source, spec.revision)
@@ -277,7 +303,7 @@ def resolve_model(
     offline = environ.get("HF_HUB_OFFLINE", "").lower() in _TRUE
     if offline:  # no listing to check against: take what the cache holds
         snapshot = download(ref, source, FilePlan(["*"]), offline=True)
-        files = [str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file()]
+        files = list_checkpoint_files(snapshot, spec.model_id)
         plan = plan_files(spec.model_id, files, spec.quant, tensor_parallel)
     else:
         plan = plan_files(
@@ -287,10 +313,33 @@ def resolve_model(
     return snapshot / plan.gguf_file if plan.gguf_file else snapshot
 
 
+def read_chat_template(
+    spec: ModelSpec,
+    config: ServerConfig,
+    environ: Mapping[str, str] | None = None,
+    trusted: bool = False,
+) -> ChatTemplate | None:
+    """The text of `spec.chat_template` (a template file), or None when it names none: read once,
+    under the same path rules as the model's. Blocking; run it in a thread. Raises BadRequest
+    (param `chat_template`) for a path not allowed, a FIFO, a file too large or a bad template."""
+    if spec.chat_template is None:
+        return None
+    environ = os.environ if environ is None else environ
+    roots = None if trusted else allowed_local_roots(config, environ)
+    path = local_model_path(spec.chat_template, roots, param="chat_template")
+    if path is None and roots is not None:  # not a file under the roots
+        raise not_allowed(spec.chat_template, roots, "chat_template")
+    try:
+        return load_template_file(path or spec.chat_template)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="chat_template") from None
+
+
 def _resolve_local(spec: ModelSpec, path: Path, tensor_parallel: int) -> Path:
-    if path.is_file():
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
         if path.suffix.lower() != ".gguf":
-            raise BadRequest(f"model file {str(path)!r} is not a .gguf", param="model_id")
+            raise BadRequest(f"model file {shown(spec.model_id)} is not a .gguf", param="model_id")
         if tensor_parallel > 1:
             raise preflight_error(
                 "tp_requires_safetensors",
@@ -298,6 +347,8 @@ def _resolve_local(spec: ModelSpec, path: Path, tensor_parallel: int) -> Path:
                 f"{spec.model_id}: tensor parallelism needs safetensors weights, not a GGUF file",
             )
         return path
-    files = [str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()]
+    if not stat.S_ISDIR(mode):
+        raise BadRequest(f"{shown(spec.model_id)} is not a file or directory", param="model_id")
+    files = list_checkpoint_files(path, spec.model_id)
     plan = plan_files(spec.model_id, files, spec.quant, tensor_parallel)
     return path / plan.gguf_file if plan.gguf_file else path

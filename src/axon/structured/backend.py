@@ -13,13 +13,19 @@ generated tokens, so the matcher, which has consumed exactly those tokens, stays
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections import OrderedDict
 
 import torch
 
 from axon.structured.grammars import build_grammar
 
 logger = logging.getLogger(__name__)
+# Compiled grammars kept per engine: every distinct schema or tool list is a new key, so the
+# cache is bounded (least recently used out) lest a stream of distinct requests grow it forever.
+GRAMMAR_CACHE_SIZE = 256
 
 
 def _llguidance():
@@ -46,35 +52,75 @@ class StructuredOutputs:
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self._tokenizer = None
-        self._grammars: dict[str, str] = {}
+        self._grammars: OrderedDict[str, str] = OrderedDict()
         self._executor = None
+        self._build_lock = threading.Lock()
+        self._build_error: Exception | None = None
+        self._building = False
+
+    @property
+    def ready(self) -> bool:
+        """Whether a matcher can be made without waiting for the tokenizer build (it is done,
+        or it failed and making one raises at once)."""
+        return self._tokenizer is not None or self._build_error is not None
+
+    def start_build(self) -> None:
+        """Builds the tokenizer info in a background thread (for a large vocabulary it takes
+        seconds to tens of seconds), so the engine keeps stepping other requests meanwhile."""
+        if self.ready or self._building:
+            return
+        self._building = True
+        threading.Thread(target=self._build_in_background, name="llg-build", daemon=True).start()
+
+    def _build_in_background(self) -> None:
+        with contextlib.suppress(ValueError):  # kept in _build_error: matcher() raises it
+            self._ll_tokenizer()
 
     def _ll_tokenizer(self):
-        if self._tokenizer is None:
-            from axon.engine.llm import load_tokenizer
-
-            hf_tokenizer = load_tokenizer(self.tokenizer_path)
-            if hf_tokenizer is None:
-                raise ValueError("structured output needs the model's tokenizer")
-            from llguidance.hf import from_tokenizer
-
-            size = max(self.vocab_size, len(hf_tokenizer))
-            eos = self.eos_token_ids or hf_tokenizer.eos_token_id
-            self._tokenizer = from_tokenizer(hf_tokenizer, n_vocab=size, eos_token=eos)
-            self._executor = _llguidance().LLExecutor()
+        with self._build_lock:  # a build in progress (the background one) is waited for
+            if self._tokenizer is None and self._build_error is None:
+                try:
+                    self._tokenizer = self._build_tokenizer()
+                except Exception as exc:  # noqa: BLE001 - one failure, reported to all
+                    logger.error("structured output is unavailable: %s", exc)
+                    self._build_error = exc
+            if self._build_error is not None:
+                raise ValueError(f"structured output is unavailable: {self._build_error}")
         return self._tokenizer
+
+    def _build_tokenizer(self):
+        from llguidance.hf import from_tokenizer
+
+        from axon.engine.llm import load_tokenizer
+
+        hf_tokenizer = load_tokenizer(self.tokenizer_path)
+        if hf_tokenizer is None:
+            raise ValueError("structured output needs the model's tokenizer")
+        size = max(self.vocab_size, len(hf_tokenizer))
+        eos = self.eos_token_ids or hf_tokenizer.eos_token_id
+        self._executor = _llguidance().LLExecutor()
+        return from_tokenizer(hf_tokenizer, n_vocab=size, eos_token=eos)
 
     def matcher(self, spec: dict):
         """A fresh matcher for `spec`; raises ValueError if its grammar is invalid."""
-        key = repr(sorted(spec.items()))
-        grammar = self._grammars.get(key)
-        if grammar is None:
-            grammar = self._grammars[key] = build_grammar(spec)
+        grammar = self._grammar(spec)
         matcher = _llguidance().LLMatcher(self._ll_tokenizer(), grammar, log_level=0)
         if matcher.is_error():
-            self._grammars.pop(key, None)
+            self._grammars.pop(_grammar_key(spec), None)
             raise ValueError(f"invalid grammar: {matcher.get_error()}")
         return matcher
+
+    def _grammar(self, spec: dict) -> str:
+        """The compiled grammar of `spec`, from the LRU cache when it is there."""
+        key = _grammar_key(spec)
+        grammar = self._grammars.get(key)
+        if grammar is not None:
+            self._grammars.move_to_end(key)
+            return grammar
+        grammar = self._grammars[key] = build_grammar(spec)
+        while len(self._grammars) > GRAMMAR_CACHE_SIZE:
+            self._grammars.popitem(last=False)
+        return grammar
 
     @torch.inference_mode()
     def apply_masks(self, matchers: list, logits: torch.Tensor) -> None:
@@ -99,6 +145,10 @@ class StructuredOutputs:
         for matcher, token_id in zip(matchers, token_ids):
             if matcher is not None and not matcher.consume_token(token_id):
                 logger.warning("grammar rejected token %d: %s", token_id, matcher.get_error())
+
+
+def _grammar_key(spec: dict) -> str:
+    return repr(sorted(spec.items()))
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import stat
 import weakref
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,9 @@ TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATE_DIR = "additional_chat_templates"
 LEGACY_TEMPLATE_FILE = "chat_template.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+MAX_TEMPLATE_FILE_BYTES = 1 << 20  # a chat template override (real ones are a few KiB)
+# Files of a model directory: tokenizer_config.json can carry thousands of added tokens.
+MAX_MODEL_FILE_BYTES = 64 << 20
 
 # apply_chat_template's own parameters: a request's chat_template_kwargs must not reach them
 # (`tokenize: true` would hand back ids instead of the prompt text).
@@ -78,10 +83,41 @@ def named_templates(value: Any) -> ChatTemplate | None:
     return None
 
 
-def _read_json_template(path: Path) -> ChatTemplate | None:
+def read_regular_file(path: str | Path, max_bytes: int) -> str:
+    """The UTF-8 text of the regular file at `path`, at most `max_bytes` long. Never blocks on a
+    FIFO or a device: those are refused before they are opened, and the open is non-blocking in
+    case one is swapped in. Raises ValueError naming the file and why."""
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"chat template file {str(path)!r}: {why}")
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise bad("not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise bad(exc.strerror or str(exc)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise bad("not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            data = file.read(max_bytes + 1)
+    except OSError as exc:
+        raise bad(exc.strerror or str(exc)) from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise bad(f"larger than the {max_bytes / 2**20:g} MiB a template file may have")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad(f"not UTF-8 text ({exc.reason})") from None
+
+
+def _read_json_template(path: Path, max_bytes: int = MAX_MODEL_FILE_BYTES) -> ChatTemplate | None:
+    try:
+        data = json.loads(read_regular_file(path, max_bytes))
+    except json.JSONDecodeError as exc:
         raise ValueError(f"chat template file {str(path)!r}: {exc}") from None
     return named_templates(data.get("chat_template")) if isinstance(data, dict) else None
 
@@ -89,11 +125,12 @@ def _read_json_template(path: Path) -> ChatTemplate | None:
 def _read_jinja_templates(directory: Path) -> ChatTemplate | None:
     templates: dict[str, str] = {}
     if (directory / TEMPLATE_FILE).is_file():
-        templates["default"] = (directory / TEMPLATE_FILE).read_text(encoding="utf-8")
+        templates["default"] = read_regular_file(directory / TEMPLATE_FILE, MAX_MODEL_FILE_BYTES)
     extras = directory / TEMPLATE_DIR
     if extras.is_dir():
         for path in sorted(extras.glob("*.jinja")):
-            templates[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
+            name = path.name.removesuffix(".jinja")
+            templates[name] = read_regular_file(path, MAX_MODEL_FILE_BYTES)
     if list(templates) == ["default"]:
         return templates["default"]
     return templates or None
@@ -115,15 +152,14 @@ def find_chat_template(model_dir: str | Path) -> ChatTemplate | None:
 
 def load_template_file(path: str | Path) -> ChatTemplate:
     """The template in a `--chat-template` file: Jinja text, or JSON with a `chat_template` key
-    (a string or the named-list form). Raises ValueError naming the file."""
+    (a string or the named-list form). Blocking (run it off the event loop), but never on a
+    FIFO: only a regular file of at most MAX_TEMPLATE_FILE_BYTES is read. Raises ValueError
+    naming the file."""
     path = Path(path)
     if path.suffix == ".json":
-        template = _read_json_template(path)
+        template = _read_json_template(path, MAX_TEMPLATE_FILE_BYTES)
     else:
-        try:
-            template = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"chat template file {str(path)!r}: {exc.strerror or exc}") from None
+        template = read_regular_file(path, MAX_TEMPLATE_FILE_BYTES)
     if not template:
         raise ValueError(f"chat template file {str(path)!r} holds no template")
     return template

@@ -31,6 +31,10 @@ from axon.tokenizer.parsers.reasoning import (
     prompt_opens_reasoning,
 )
 
+# The markers the parsers split output on. When a tokenizer flags them special, the detokenizer
+# still keeps them (they are the parsers' input); the parsers never emit them.
+MARKER_TOKENS = (THINK_START, THINK_END, TOOL_CALL_START, TOOL_CALL_END)
+
 TOOL_PARSERS: dict[str, type[ToolCallParser]] = {
     "hermes": HermesToolParser,
     "qwen3_coder": Qwen3CoderToolParser,
@@ -163,6 +167,7 @@ def make_output_parser(
 __all__ = [
     "ContentDelta",
     "Event",
+    "MARKER_TOKENS",
     "OutputParser",
     "ParserFamily",
     "ReasoningDelta",
