@@ -10,7 +10,7 @@ import pytest
 
 from axon import LLM, SamplingParams
 from axon.config import EngineConfig
-from axon.engine.client import EngineClient, EngineError, Liveness
+from axon.engine.client import EngineClient, EngineError, EngineLoadTimeout, Liveness
 from axon.engine.faults import InjectedDeviceFault, is_device_fault
 from tests.model.tiny_models import get_tiny_model, random_prompts
 
@@ -279,3 +279,56 @@ def _running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_load_past_its_deadline_is_killed(tiny):
+    liveness = Liveness(load_timeout_s=0.5)  # spawning alone takes longer
+
+    async def main():
+        config = EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS)
+        with pytest.raises(EngineLoadTimeout, match="did not load within 0.5s"):
+            await EngineClient.start(config, liveness=liveness)
+
+    run(main())
+    assert not _engine_children()
+
+
+def test_a_cancelled_start_kills_the_half_started_engine(tiny):
+    """An unload while the model loads cancels the start: no engine may be left behind."""
+
+    async def main():
+        config = EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS)
+        start = asyncio.ensure_future(EngineClient.start(config))
+        await asyncio.sleep(0.5)
+        assert _engine_children()
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+
+    run(main())
+    assert not _engine_children()
+
+
+def test_shutdown_kills_a_silent_engine_without_waiting_for_it(tiny):
+    """An engine that stopped answering (here: SIGSTOP) is killed by shutdown at once, not
+    asked to exit and waited for until the deadline."""
+    import time
+
+    async def main():
+        config = EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS)
+        client = await EngineClient.start(config, liveness=Liveness(step_timeout_s=600))
+        os.kill(client.process.pid, signal.SIGSTOP)
+        await asyncio.sleep(2 * client.liveness.heartbeat_s + 1.5)
+        started = time.monotonic()
+        await client.shutdown(timeout=60)
+        return time.monotonic() - started, client
+
+    elapsed, client = run(main())
+    assert client.process.exitcode == -signal.SIGKILL and elapsed < 10
+
+
+def _engine_children() -> list[int]:
+    """This process's live engine children (multiprocessing spawn)."""
+    import multiprocessing
+
+    return [child.pid for child in multiprocessing.active_children()]

@@ -168,3 +168,22 @@ def test_docs_and_schema_need_the_api_key():
             assert "/v1/chat/completions" in schema.json()["paths"]
 
     asyncio.run(scenario())
+
+
+def test_accepted_connections_do_not_wait_for_delayed_acks():
+    """The listener is a TCP socket with TCP_NODELAY, which its connections inherit: without it
+    every keep-alive response sat ~40 ms in Nagle's buffer waiting for a delayed ACK."""
+    import socket as sockets
+
+    from axon.server.serve import bind_socket
+
+    listener = bind_socket("127.0.0.1", 0)
+    try:
+        assert listener.proto == sockets.IPPROTO_TCP  # asyncio sets NODELAY only then
+        client = sockets.create_connection(listener.getsockname(), timeout=5)
+        accepted, _ = listener.accept()
+        assert accepted.getsockopt(sockets.IPPROTO_TCP, sockets.TCP_NODELAY)
+        accepted.close()
+        client.close()
+    finally:
+        listener.close()

@@ -425,3 +425,33 @@ def test_http_loads_are_untrusted_and_templates_are_read_once(tmp_path):
         assert texts == ["T {{ messages }}"] * 3
 
     run(scenario())
+
+
+def test_tensor_parallel_and_devices_are_never_silently_ignored(monkeypatch):
+    monkeypatch.setattr(discovery, "gpu_indices", lambda: (0, 1))
+
+    async def scenario():
+        harness = Harness()
+        async with harness.client() as http:
+            for spec, code, param in [
+                ({"model_id": "m", "tensor_parallel": 2}, "tensor_parallel_unsupported", None),
+                ({"model_id": "m", "devices": [99]}, "device_not_found", "devices"),
+                ({"model_id": "m", "devices": [0, 1]}, None, "devices"),  # 2 GPUs, 1 rank
+            ]:
+                response = await http.post("/models/load", json=spec)
+                assert response.status_code == 400, response.text
+                error = response.json()["error"]
+                assert error["code"] == code and error["param"] == (param or "tensor_parallel")
+            assert harness.started == []  # refused before any work
+            loaded = await http.post("/models/load", json={"model_id": "m", "devices": [1]})
+            assert loaded.status_code == 200
+            assert harness.started[0].spec.devices == [1]
+
+    run(scenario())
+
+
+def test_devices_pin_the_engine_to_those_gpus():
+    from axon.server.served_model import _device_env
+
+    assert _device_env(ModelSpec(model_id="m", devices=[2, 3])) == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert _device_env(ModelSpec(model_id="m")) == {}

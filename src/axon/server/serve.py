@@ -146,8 +146,12 @@ def run_serve(ns: argparse.Namespace) -> int:
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on (host, port); port 0 picks a free one. Raises OSError."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so, and
+    # without it every keep-alive response waited ~40 ms for a delayed ACK (Nagle). The
+    # listener's own TCP_NODELAY is inherited by the connections it accepts (Linux).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
         sock.listen(2048)  # connections queue from here on, before uvicorn accepts them
