@@ -7,15 +7,13 @@ import json
 import os
 import re
 import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from tests.server.conftest import _read_log, _server_env, stop_server
+from tests.server.conftest import spawn_serve, stop_server
 
 
 @dataclass
@@ -71,23 +69,7 @@ def launch(model_dir: Path, models: dict[str, dict], env: dict[str, str], flags=
     toml = "[" + ", ".join(_inline_table(spec) for spec in specs) + "]"
     args = ["--port", "0", "--no-demo", "--max-model-len", "2048", "--dtype", "float32"]
     args += ["--kv-cache-memory", "32M", "--log-level", "warning", *flags]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "axon", "serve", *args],
-        env=_server_env({"AXON_DEFAULT_MODELS": toml, **env}),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    log: list[str] = []
-    port_found = threading.Event()
-    threading.Thread(target=_read_log, args=(process, log, port_found), daemon=True).start()
-    if not port_found.wait(120):
-        process.kill()
-        raise AssertionError("axon serve never said where it listens:\n" + "".join(log))
-    url = re.search(r"listening on (http://\S+)", "".join(log)).group(1)
-    fleet = Fleet(process, url, log)
+    fleet = spawn_serve(args, {"AXON_DEFAULT_MODELS": toml, **env}, kind=Fleet)
     try:
         for name in models:
             fleet.wait_loaded(name, 180)

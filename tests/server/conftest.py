@@ -114,11 +114,11 @@ class Server:
         return 0.0
 
 
-def _serve_command(model_dir: Path) -> list[str]:
+def _serve_args(model_dir: Path) -> list[str]:
     args = [str(model_dir), "--port", "0", "--served-model-name", MODEL_ID]
     args += ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS)]
     args += ["--kv-cache-memory", "16M", "--dtype", "float32", "--log-level", "warning"]
-    return [sys.executable, "-m", "axon", "serve", *args]
+    return args
 
 
 def _server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -156,8 +156,20 @@ def _wait_until_serving(server: Server, deadline_s: float = 120.0) -> None:
 def start_server(model_dir: Path, env: dict[str, str] | None = None) -> Server:
     # Tests load more copies of the model over HTTP: its directory is an allowed local path.
     env = {"AXON_ALLOWED_LOCAL_MODEL_PATHS": str(model_dir), **(env or {})}
+    server = spawn_serve(_serve_args(model_dir), env)
+    try:
+        _wait_until_serving(server)
+    except BaseException:
+        stop_server(server)  # never leave a server behind when the load fails
+        raise
+    return server
+
+
+def spawn_serve(args: list[str], env: dict[str, str] | None = None, kind=None) -> Server:
+    """`axon serve ARGS` in its own session; returns (as `kind`, default Server) once it says
+    where it listens."""
     process = subprocess.Popen(
-        _serve_command(model_dir),
+        [sys.executable, "-m", "axon", "serve", *args],
         env=_server_env(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -172,13 +184,7 @@ def start_server(model_dir: Path, env: dict[str, str] | None = None) -> Server:
         process.kill()
         raise AssertionError("axon serve never said where it listens:\n" + "".join(log))
     url = re.search(r"listening on (http://\S+)", "".join(log)).group(1)
-    server = Server(process, url.replace("0.0.0.0", "127.0.0.1"), log)
-    try:
-        _wait_until_serving(server)
-    except BaseException:
-        stop_server(server)  # never leave a server behind when the load fails
-        raise
-    return server
+    return (kind or Server)(process, url.replace("0.0.0.0", "127.0.0.1"), log)
 
 
 def stop_server(server: Server) -> None:

@@ -141,16 +141,20 @@ def chat_prompt(
     return text, model.encode(text, add_special_tokens=False, param=param)
 
 
-def prepare_chat(model, body: ChatCompletionRequest, headers) -> tuple:
+def prepare_chat(
+    model, body: ChatCompletionRequest, headers, sampling=None, prompt_field: str = "messages"
+) -> tuple:
     """Everything a chat request needs before the engine: the prompt text and ids, the output
-    plan and the sampling params. Request-sized work: run it off the event loop."""
-    text, prompt_ids = chat_prompt(model, body)
+    plan and the sampling params (from `sampling`, default `body`: /v1/responses has its own
+    request). Request-sized work: run it off the event loop."""
+    text, prompt_ids = chat_prompt(model, body, param=prompt_field)
     plan = ChatOutputPlan.of(model, body, text, headers)
     params = build_sampling_params(
-        body,
+        sampling or body,
         len(prompt_ids),
         model.max_model_len,
         model.generation_defaults,
+        prompt_field=prompt_field,
         structured_output=plan.structured_output,
         vocab_size=vocab_size(model),
     )

@@ -11,13 +11,12 @@ from pydantic import ValidationError
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.errors import BadRequest
 from axon.server.offload import off_loop
-from axon.server.openai_chat import chat_prompt
+from axon.server.openai_chat import prepare_chat
 from axon.server.openai_completions import (
     EventStream,
     Generation,
     or_disconnect,
     served_model,
-    vocab_size,
 )
 from axon.server.protocol import (
     ChatCompletionRequest,
@@ -30,7 +29,6 @@ from axon.server.protocol import (
     random_id,
     sse,
 )
-from axon.server.sampling import build_sampling_params
 
 router = APIRouter()
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -332,16 +330,4 @@ async def create_response(request: Request):
 
 def _prepare(model, body: ResponsesRequest) -> tuple:
     """The prompt text and ids, output plan and sampling params: request-sized, off the loop."""
-    chat_request = _as_chat_request(body)
-    text, prompt_ids = chat_prompt(model, chat_request, param="input")
-    plan = ChatOutputPlan.of(model, chat_request, text, {})
-    params = build_sampling_params(
-        body,
-        len(prompt_ids),
-        model.max_model_len,
-        model.generation_defaults,
-        prompt_field="input",
-        structured_output=plan.structured_output,
-        vocab_size=vocab_size(model),
-    )
-    return text, prompt_ids, plan, params
+    return prepare_chat(model, _as_chat_request(body), {}, sampling=body, prompt_field="input")
