@@ -81,3 +81,71 @@ class RotaryEmbedding(nn.Module):
 
 def _heads_contiguous(*tensors: torch.Tensor) -> bool:
     return all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in tensors)
+
+
+def mrope_axis_of(num_freqs: int, mrope_section: list[int], interleaved: bool) -> torch.Tensor:
+    """Which position row (0 = t, 1 = h, 2 = w) drives each of the `num_freqs` frequency pairs;
+    [num_freqs] int64. Interleaved (Qwen3-VL, Qwen3.5) is T,H,W,T,H,W,... with H on 1, 4, ...
+    up to 3 * section[1] and W on 2, 5, ... up to 3 * section[2], T on the rest; blocked
+    (Qwen2-VL) is section[0] T's, then section[1] H's, then section[2] W's."""
+    section = [int(size) for size in mrope_section]
+    if len(section) != 3 or min(section) < 0:
+        raise ValueError(f"mrope_section must be 3 non-negative sizes (t, h, w), got {section}")
+    axis = torch.zeros(num_freqs, dtype=torch.int64)
+    if interleaved:
+        # transformers overwrites these slices of the T frequencies; slices past the end clip.
+        axis[1 : 3 * section[1] : 3] = 1
+        axis[2 : 3 * section[2] : 3] = 2
+        return axis
+    if sum(section) != num_freqs:
+        raise ValueError(f"mrope_section {section} must sum to the {num_freqs} rotary frequencies")
+    axis[section[0] : section[0] + section[1]] = 1
+    axis[section[0] + section[1] :] = 2
+    return axis
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Multimodal RoPE (M-RoPE): positions [3, T] (rows t, h, w) each drive a subset of the
+    rotary frequencies, chosen by `mrope_section` and `interleaved`. Positions [T] are plain RoPE,
+    exactly `RotaryEmbedding` including its fused CPU path (text-only batches, decode)."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        rotary_dim: int,
+        max_position: int,
+        params: dict,
+        mrope_section: list[int],
+        interleaved: bool = True,
+    ):
+        super().__init__(head_dim, rotary_dim, max_position, params)
+        self.mrope_section = list(mrope_section)
+        self.interleaved = interleaved
+        axis = mrope_axis_of(rotary_dim // 2, self.mrope_section, interleaved)
+        self.register_buffer("mrope_axis", axis, persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each [T, rotary_dim / 2] float32, for positions [3, T] int64."""
+        # Per frequency pick the row that drives it, then scale: the same fp32 products as
+        # transformers' per-row freqs followed by its recomposition.
+        picked = positions.to(torch.float32).t()[:, self.mrope_axis]  # [T, rotary_dim / 2]
+        freqs = picked * self.inv_freq
+        return freqs.cos(), freqs.sin()
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """Rotated (q, k), each [T, H, D]; positions [3, T] or [T] (then as RotaryEmbedding)."""
+        if positions.dim() == 1:
+            return super().forward(positions, q, k)
+        return self.forward_ref(positions, q, k)
+
+    def forward_ref(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """The reference twin: new tensors, inputs unchanged."""
+        if positions.dim() == 1:
+            return super().forward_ref(positions, q, k)
+        if positions.dim() != 2 or positions.shape[0] != 3:
+            raise ValueError(
+                f"M-RoPE positions must be [3, T] or [T], got {tuple(positions.shape)}"
+            )
+        cos, sin = self.cos_sin(positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, rotary_dim / 2]
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
