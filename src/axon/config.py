@@ -39,6 +39,9 @@ class EngineConfig:
     # max_num_seqs) that shares the cache memory budget with the KV blocks and state slots.
     state_snapshot_stride: int = 16
     num_state_snapshots: int | None = None
+    # Multimodal checkpoints (Qwen3.5): False loads the text model only, skipping the vision
+    # tower's weights and memory (vLLM's `limit_mm_per_prompt={"image": 0}`).
+    enable_vision: bool = True
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:

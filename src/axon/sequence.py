@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import random
+from dataclasses import dataclass
 
 from axon.sampling_params import SamplingParams
 
@@ -24,6 +25,32 @@ class FinishReason(enum.Enum):
 _seq_counter = itertools.count()
 
 
+@dataclass
+class ImageInputs:
+    """A request's images, shared by its `n` samples (so the tower runs once per request).
+
+    Tensors are opaque here (this module imports no torch): `pixel_values` [num_patches, D] and
+    the M-RoPE `positions` [3, num_prompt_tokens] of the prompt, computed once at admission.
+    """
+
+    pixel_values: object
+    grid_thw: list[tuple[int, int, int]]
+    spans: list[tuple[int, int]]  # (first image-token index, image-token count) per image
+    image_hashes: list[bytes]  # per image: a digest of its pixels and grid
+    positions: object
+    mrope_delta: int  # positions past the prompt are index + mrope_delta (every row)
+    embeds: object = None  # the tower's output [sum(counts), hidden], once computed
+
+    def block_extra_key(self, start: int, end: int) -> bytes:
+        """The hashes of the images with tokens in [start, end): what a prefix-cache block
+        covering those tokens is keyed by besides its token ids (b"" when none)."""
+        return b"".join(
+            digest
+            for (first, count), digest in zip(self.spans, self.image_hashes)
+            if first < end and first + count > start
+        )
+
+
 class Sequence:
     """One stream of tokens: the prompt, then everything sampled after it.
 
@@ -39,6 +66,7 @@ class Sequence:
         sampling_params: SamplingParams,
         index: int = 0,
         eos_token_ids: frozenset[int] = frozenset(),
+        images: ImageInputs | None = None,
     ) -> None:
         self.seq_id = next(_seq_counter)
         self.request_id = request_id
@@ -72,6 +100,7 @@ class Sequence:
         # (kept across preemption, since recompute keeps the tokens).
         self.grammar = None
         self.arrival_order = self.seq_id
+        self.images = images
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -116,6 +145,14 @@ class Sequence:
     def block_token_ids(self, block_index: int, block_size: int) -> list[int]:
         start = block_index * block_size
         return self.token_ids[start : start + block_size]
+
+    def block_extra_key(self, block_index: int, block_size: int) -> bytes:
+        """What besides its token ids keys block `block_index` in the prefix cache: the hashes
+        of the images it covers, so two different images never share a block."""
+        if self.images is None:
+            return b""
+        start = block_index * block_size
+        return self.images.block_extra_key(start, start + block_size)
 
     def __repr__(self) -> str:
         return (

@@ -288,7 +288,7 @@ def test_abort_frees_the_slot(tiny):
 
 def test_text_load_skips_vision_and_mtp(tiny_model_root):
     tiny = get_qwen3_5("qwen3_5", tiny_model_root)  # the multimodal checkpoint
-    llm = _llm(tiny)
+    llm = _llm(tiny, enable_vision=False)
     names = {name for name, _ in llm.engine.runner.model.named_parameters()}
     assert not any("visual" in n or n.startswith("mtp") for n in names)
     assert torch.equal(

@@ -359,7 +359,9 @@ def test_same_block_after_another_prefix_is_a_separate_cache_entry() -> None:
 
 def test_a_hash_hit_with_other_tokens_is_a_miss(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every block hashes alike, so only the token check tells blocks apart.
-    monkeypatch.setattr(block_manager_module, "chain_hash", lambda parent, token_ids: 42)
+    monkeypatch.setattr(
+        block_manager_module, "chain_hash", lambda parent, token_ids, extra_key=b"": 42
+    )
     bm = BlockManager(8, BLOCK_SIZE)
     first = make_seq([1, 2, 3, 4, 5])
     compute(bm, first)
@@ -399,7 +401,12 @@ def _colliding_first_blocks() -> tuple[tuple[int, ...], tuple[int, ...]]:
     2**61 - 1, so the old key of any block after them, hash((key, Y)), is the same."""
     first = (1, 2, 3, 4)
     key = hash((None, first))
-    twin_key = key + _M61 if key >= 0 else key - _M61
+    # Same sign and the same residue modulo 2**61 - 1 (so the same int hash), and still a
+    # 64-bit signed value (a tuple hash can be nothing else).
+    if key >= 0:
+        twin_key = key + _M61 if key + _M61 < 1 << 63 else key - _M61
+    else:
+        twin_key = key - _M61 if key - _M61 >= -(1 << 63) else key + _M61
     block_hash = _tuple_hash_inverse(twin_key, (hash(None),), 2)
     for middle in range(1000):
         last = _tuple_hash_inverse(block_hash, (5, 6, middle), BLOCK_SIZE)

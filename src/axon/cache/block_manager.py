@@ -18,11 +18,16 @@ from axon.sequence import Sequence
 _ROOT_HASH = bytes(32)  # the parent of a sequence's first block
 
 
-def chain_hash(parent_hash: bytes | None, token_ids: tuple[int, ...]) -> bytes:
+def chain_hash(
+    parent_hash: bytes | None, token_ids: tuple[int, ...], extra_key: bytes = b""
+) -> bytes:
     """The 32-byte key of one full block: sha256 over the key of the block before it (none for
-    the first) and this block's token ids as int64s."""
+    the first), this block's token ids as int64s and `extra_key` (the hashes of the images the
+    block covers: equal placeholder tokens, different pixels)."""
     digest = hashlib.sha256(parent_hash if parent_hash is not None else _ROOT_HASH)
     digest.update(array("q", token_ids).tobytes())
+    if extra_key:
+        digest.update(extra_key)
     return digest.digest()
 
 
@@ -155,7 +160,8 @@ class BlockManager:
         hashes: list[bytes] = []
         for index in range(max_blocks):
             token_ids = tuple(seq.block_token_ids(index, self.block_size))
-            parent_hash = chain_hash(parent_hash, token_ids)
+            extra_key = seq.block_extra_key(index, self.block_size)
+            parent_hash = chain_hash(parent_hash, token_ids, extra_key)
             block_id = self.hash_to_block.get(parent_hash)
             if block_id is None or self.blocks[block_id].token_ids != token_ids:
                 break  # a miss, or a hash collision caught by checking the tokens
@@ -189,7 +195,8 @@ class BlockManager:
         hashes = seq.block_hashes
         for index in range(len(hashes), num_full):
             token_ids = tuple(seq.block_token_ids(index, self.block_size))
-            block_hash = chain_hash(hashes[-1] if hashes else None, token_ids)
+            extra_key = seq.block_extra_key(index, self.block_size)
+            block_hash = chain_hash(hashes[-1] if hashes else None, token_ids, extra_key)
             hashes.append(block_hash)
             block = self.blocks[seq.block_table[index]]
             if block.block_hash is not None or block_hash in self.hash_to_block:

@@ -81,17 +81,31 @@ class EngineCore:
     # ---- commands ---------------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        images: dict | None = None,
     ) -> list[Sequence]:
-        """Queue a request as `params.n` sequences. Raises ValueError for an impossible prompt."""
+        """Queue a request as `params.n` sequences. `images`: {"pixel_values": [N, D],
+        "grid_thw": [(t, h, w), ...]} for a prompt whose image placeholders are already expanded.
+        Raises ValueError for an impossible prompt (or images that do not match it)."""
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         vocab = self.runner.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        image_inputs = None
+        if images is not None:
+            image_inputs = self.runner.image_inputs(prompt_token_ids, **images)
         seqs = [
             Sequence(
-                request_id, prompt_token_ids, params, index=i, eos_token_ids=self.eos_token_ids
+                request_id,
+                prompt_token_ids,
+                params,
+                index=i,
+                eos_token_ids=self.eos_token_ids,
+                images=image_inputs,
             )
             for i in range(params.n)
         ]
@@ -209,6 +223,11 @@ class EngineCore:
             return [self._captured_logits[s.seq_id].cpu() for s in seqs]
         finally:
             self._captured_logits = None
+
+    def encode_image(self, pixel_values, grid_thw) -> torch.Tensor:
+        """The vision tower's output [num_merged_tokens, hidden] for preprocessed images (on
+        CPU); for tests. Raises ValueError without a tower or for inputs that disagree."""
+        return self.runner.encode_images(torch.as_tensor(pixel_values), grid_thw).cpu()
 
     def reset_prefix_cache(self) -> None:
         self.block_manager.reset_prefix_cache()

@@ -256,6 +256,10 @@ class EngineLoop:
             raise ValueError("forward_logits needs an idle engine")
         return [row.tolist() for row in self.core.forward_logits(prompts)]
 
+    def _cmd_encode_image(self, pixel_values, grid_thw) -> list[list[float]]:
+        """neuron's EncodeImage: the tower's output rows for one preprocessed image."""
+        return self.core.encode_image(pixel_values, grid_thw).tolist()
+
     def _cmd_inject_fault(self) -> None:
         self.inject_fault = True
 

@@ -7,11 +7,14 @@ import logging
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceType
 
+import numpy as np
 import torch
+from PIL import Image
 
 from axon.config import EngineConfig
 from axon.engine.engine_core import EngineCore
 from axon.engine.output_processor import RequestState
+from axon.multimodal.processor import ImageProcessor, ProcessorConfig
 from axon.outputs import RequestOutput
 from axon.sampling_params import SamplingParams
 
@@ -34,12 +37,31 @@ def load_tokenizer(path: str):
         return None
 
 
+def expand_image_placeholders(
+    token_ids: list[int], counts: list[int], image_token_id: int
+) -> list[int]:
+    """`token_ids` with the i-th image placeholder token repeated `counts[i]` times. Raises
+    ValueError when the number of placeholders is not the number of images."""
+    places = [index for index, token in enumerate(token_ids) if token == image_token_id]
+    if len(places) != len(counts):
+        raise ValueError(
+            f"prompt has {len(places)} image placeholders (<|image_pad|>, token id "
+            f"{image_token_id}) but {len(counts)} images"
+        )
+    expanded, cursor = [], 0
+    for place, count in zip(places, counts):
+        expanded += token_ids[cursor:place] + [image_token_id] * count
+        cursor = place + 1
+    return expanded + token_ids[cursor:]
+
+
 class LLM:
     def __init__(self, model: str, tokenizer: str | None = None, **engine_args):
         self.config = EngineConfig.from_kwargs(str(model), tokenizer=tokenizer, **engine_args)
         self.engine = EngineCore(self.config)
         self.tokenizer = load_tokenizer(self.config.tokenizer or self.config.model)
         self._request_counter = itertools.count()
+        self._image_processor: ImageProcessor | None = None
 
     # ---- prompts ----------------------------------------------------------------------------
 
@@ -58,9 +80,44 @@ class LLM:
 
     def _add(self, prompt: PromptType, params: SamplingParams) -> RequestState:
         text, ids = self._prompt_ids(prompt)
+        images = None
+        if isinstance(prompt, dict) and prompt.get("multi_modal_data"):
+            ids, images = self._images(ids, prompt["multi_modal_data"])
         request_id = str(next(self._request_counter))
-        self.engine.add_request(request_id, ids, params)
+        self.engine.add_request(request_id, ids, params, images=images)
         return RequestState(request_id, text, ids, params, self.tokenizer)
+
+    # ---- images -----------------------------------------------------------------------------
+
+    def _images(self, ids: list[int], data: dict) -> tuple[list[int], dict | None]:
+        """(prompt ids with each `<|image_pad|>` expanded to its image's token count, the
+        engine's image inputs) for vLLM's `multi_modal_data` {"image": [PIL images]}."""
+        unknown = sorted(set(data) - {"image"})
+        if unknown:
+            raise ValueError(f"multi_modal_data supports only 'image', got {unknown}")
+        pictures = data.get("image") or []
+        if not isinstance(pictures, list | tuple):
+            pictures = [pictures]
+        if not pictures:
+            return ids, None
+        if getattr(self.engine.runner.model, "visual", None) is None:
+            raise ValueError("this model has no vision tower loaded: images are not supported")
+        if not all(isinstance(picture, Image.Image) for picture in pictures):
+            raise ValueError("multi_modal_data images must be PIL images")
+        processed = [
+            self.image_processor(p if p.mode == "RGB" else p.convert("RGB")) for p in pictures
+        ]
+        image_token_id = int(self.engine.runner.hf_config.image_token_id)
+        ids = expand_image_placeholders(ids, [p.num_tokens for p in processed], image_token_id)
+        pixel_values = torch.from_numpy(np.concatenate([p.pixel_values for p in processed]))
+        return ids, {"pixel_values": pixel_values, "grid_thw": [p.grid_thw for p in processed]}
+
+    @property
+    def image_processor(self) -> ImageProcessor:
+        """The checkpoint's preprocessor (preprocessor_config.json), made on first use."""
+        if self._image_processor is None:
+            self._image_processor = ImageProcessor(ProcessorConfig.from_file(self.config.model))
+        return self._image_processor
 
     # ---- the loop ---------------------------------------------------------------------------
 

@@ -6,8 +6,10 @@ head), q/k RMSNorms, partial rotary, `attn * sigmoid(gate)` before `o_proj`; onl
 hold paged KV. Every RMSNorm outside the GDN mixer is zero-centred, `x̂ * (1 + w)`. The MLP is a
 dense SwiGLU. A config's `linear_value_head_order` ("tiled" for llama.cpp's `qwen35` GGUF files,
 else "grouped") says how the GDN weights order their value heads. A
-`Qwen3_5ForConditionalGeneration` checkpoint loads text-only: its
-`model.language_model.*` weights are the text model, `model.visual.*` and `mtp.*` are skipped.
+`Qwen3_5ForConditionalGeneration` checkpoint's `model.language_model.*` weights are the text
+model and `model.visual.*` the vision tower (skipped, with its memory, when vision is disabled);
+`mtp.*` is always skipped. Rotary is M-RoPE when the config has an `mrope_section`: positions
+[3, T] for steps with image tokens, [T] (plain RoPE, the fast path) otherwise.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from axon.layers.attention import Attention
 from axon.layers.linear import QKVParallelLinear, RowParallelLinear
 from axon.layers.linear_attention import GatedDeltaNet
 from axon.layers.norm import RMSNorm
-from axon.layers.rotary import RotaryEmbedding
+from axon.layers.rotary import MRotaryEmbedding, RotaryEmbedding
 from axon.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
+from axon.models.qwen3_5_vision import Qwen3_5VisionTower
 from axon.models.utils import head_dim_of, rope_params_of
 
 
@@ -30,6 +33,18 @@ def rotary_dim_of(config, head_dim: int) -> int:
     params = getattr(config, "rope_parameters", None) or {}
     factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
     return int(head_dim * factor)
+
+
+def rotary_of(config, head_dim: int) -> RotaryEmbedding:
+    """M-RoPE when the rope parameters carry an `mrope_section` (every released Qwen3.5), else
+    plain RoPE; both take 1-D positions the same way."""
+    params = rope_params_of(config)
+    args = (head_dim, rotary_dim_of(config, head_dim), config.max_position_embeddings, params)
+    if params.get("mrope_section") is None:
+        return RotaryEmbedding(*args)
+    return MRotaryEmbedding(
+        *args, params["mrope_section"], bool(params.get("mrope_interleaved", True))
+    )
 
 
 class Qwen3_5Attention(nn.Module):
@@ -46,12 +61,7 @@ class Qwen3_5Attention(nn.Module):
         self.o_proj = RowParallelLinear(self.num_heads * self.head_dim, config.hidden_size, bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
-        self.rotary_emb = RotaryEmbedding(
-            self.head_dim,
-            rotary_dim_of(config, self.head_dim),
-            config.max_position_embeddings,
-            rope_params_of(config),
-        )
+        self.rotary_emb = rotary_of(config, self.head_dim)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -95,6 +105,19 @@ class Qwen3_5DecoderLayer(nn.Module):
 class Qwen3_5TextModel(LlamaModel):
     norm_unit_offset = True
 
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states [T, hidden]; `inputs_embeds` [T, hidden] (token embeddings with
+        image rows written over them) replaces the embedding lookup."""
+        hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        for layer in self.layers:
+            hidden = layer(positions, hidden)
+        return self.norm(hidden)
+
 
 class Qwen3_5ForCausalLM(LlamaForCausalLM):
     """Text-only Qwen3.5 for a `qwen3_5_text` config or a multimodal `qwen3_5` one."""
@@ -115,3 +138,38 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         text_config.tie_word_embeddings = tied
         super().__init__(text_config)
         self.tie_word_embeddings = tied
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, inputs_embeds)
+
+
+class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
+    """Qwen3.5 with its vision tower (`visual`, from `model.visual.*`) when the config has a
+    `vision_config` and `enable_vision`; otherwise exactly the text-only model."""
+
+    supports_vision = True
+
+    def __init__(self, config, enable_vision: bool = True):
+        super().__init__(config)
+        self.visual = None
+        vision_config = getattr(config, "vision_config", None)
+        if enable_vision and vision_config is not None:
+            self.visual = Qwen3_5VisionTower(vision_config)
+            self.checkpoint_prefixes = {**self.checkpoint_prefixes, "model.visual.": "visual."}
+            self.ignored_checkpoint_prefixes = ("mtp.",)
+            self.image_token_id = int(config.image_token_id)
+            self.vision_start_token_id = int(config.vision_start_token_id)
+            self.spatial_merge_size = int(vision_config.spatial_merge_size)
+
+    def encode_images(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
+        """The tower's LM-width embeddings [num_merged_tokens, hidden] of images in `grid_thw`
+        order (Qwen3.5 has no DeepStack features). Raises ValueError without a tower."""
+        if self.visual is None:
+            raise ValueError("this model has no vision tower loaded (text-only)")
+        embeds, _ = self.visual(pixel_values, grid_thw)
+        return embeds

@@ -7,14 +7,14 @@ from torch import nn
 from axon.models.gemma3 import Gemma3ForCausalLM
 from axon.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from axon.models.qwen3 import Qwen3ForCausalLM
-from axon.models.qwen3_5 import Qwen3_5ForCausalLM
+from axon.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "gemma3_text": Gemma3ForCausalLM,
-    "qwen3_5": Qwen3_5ForCausalLM,
+    "qwen3_5": Qwen3_5ForConditionalGeneration,
     "qwen3_5_text": Qwen3_5ForCausalLM,
 }
 

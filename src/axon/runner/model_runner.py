@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -15,10 +16,11 @@ from axon.layers.forward_context import AttentionMetadata, PrefillChunk, set_for
 from axon.layers.linear_attention import GatedDeltaNet
 from axon.loader import iterate_weights, load_hf_config
 from axon.loader.weights import load_weights
+from axon.models.mrope import image_spans, mrope_positions
 from axon.models.registry import get_model_class
 from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
 from axon.sampling import Sampler
-from axon.sequence import Sequence
+from axon.sequence import ImageInputs, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -26,12 +28,14 @@ logger = logging.getLogger(__name__)
 @dataclass
 class StepBatch:
     input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T], or [3, T] (M-RoPE) when a chunk covers image prompt tokens
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [B] rows of the flat batch whose next token is sampled
     sampling_seqs: list[Sequence]
     state_restores: list[tuple[int, int]] = field(default_factory=list)  # (row, slot) before
     state_saves: list[tuple[int, int]] = field(default_factory=list)  # (slot, row) after
+    image_rows: torch.Tensor | None = None  # [I] rows whose embedding is an image token's
+    image_values: torch.Tensor | None = None  # [I, hidden] the tower's output for those rows
 
 
 class ModelRunner:
@@ -51,10 +55,13 @@ class ModelRunner:
 
     def _load_model(self) -> torch.nn.Module:
         model_cls = get_model_class(self.hf_config.model_type)
+        kwargs = {}
+        if getattr(model_cls, "supports_vision", False):
+            kwargs["enable_vision"] = self.config.enable_vision
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device(self.device):
-                model = model_cls(self.hf_config)
+                model = model_cls(self.hf_config, **kwargs)
         finally:
             torch.set_default_dtype(torch.float32)
         load_weights(model, iterate_weights(self.config.model))
@@ -141,7 +148,9 @@ class ModelRunner:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             row = len(input_ids)
             input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
+            # Past an image prompt every M-RoPE row is index + delta: plain 1-D positions.
+            delta = seq.images.mrope_delta if seq.images is not None else 0
+            positions.extend(range(start + delta, end + delta))
             # A snapshot due at the end of the step is the slot's final state, copied after the
             # forward; one inside a prompt chunk is taken by the GDN layers as they pass it.
             saves = snapshot_rows.get(seq.state_slot, [])
@@ -162,7 +171,7 @@ class ModelRunner:
             **self._decode_metadata(decode_rows, decode_seqs),
         )
         base = self.plan.num_state_slots
-        return StepBatch(
+        batch = StepBatch(
             self._tensor(input_ids),
             self._tensor(positions),
             attn,
@@ -171,6 +180,78 @@ class ModelRunner:
             [(base + index, slot) for slot, index in out.state_restores],
             end_saves,
         )
+        self._add_images(batch, out)
+        return batch
+
+    # ---- images -----------------------------------------------------------------------------
+
+    def image_inputs(self, token_ids: list[int], pixel_values, grid_thw) -> ImageInputs:
+        """A request's images checked against its (expanded) prompt, with their M-RoPE
+        positions and content hashes. Raises ValueError without a tower or on a mismatch."""
+        model = self.model
+        if getattr(model, "visual", None) is None:
+            raise ValueError("this model has no vision tower loaded: images are not supported")
+        grids = grid_thw.tolist() if torch.is_tensor(grid_thw) else grid_thw
+        grids = [tuple(int(x) for x in grid) for grid in grids]
+        pixel_values = torch.as_tensor(pixel_values, dtype=torch.float32).cpu()
+        model.visual.check_inputs(pixel_values, grids)
+        ids = (model.spatial_merge_size, model.image_token_id, model.vision_start_token_id)
+        positions, delta = mrope_positions(token_ids, grids, *ids)
+        hashes, first = [], 0
+        for t, h, w in grids:
+            patches = pixel_values[first : first + t * h * w]
+            first += t * h * w
+            digest = hashlib.sha256(repr((t, h, w)).encode())
+            digest.update(patches.numpy().tobytes())
+            hashes.append(digest.digest())
+        spans = image_spans(token_ids, grids, *ids)
+        return ImageInputs(pixel_values, grids, spans, hashes, positions, delta)
+
+    @torch.inference_mode()
+    def encode_images(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
+        """The tower's output [num_merged_tokens, hidden] (model dtype, on the device)."""
+        if getattr(self.model, "visual", None) is None:
+            raise ValueError("this model has no vision tower loaded: images are not supported")
+        pixel_values = pixel_values.to(self.device, self.dtype)
+        return self.model.encode_images(pixel_values, grid_thw)
+
+    @staticmethod
+    def _image_chunks(out: SchedulerOutput) -> list[tuple[Sequence, int, int, int]]:
+        """(seq, batch row, start, end) of each scheduled chunk with image-prompt tokens."""
+        chunks, row = [], 0
+        for seq, num_new in out.scheduled:
+            start = seq.num_computed_tokens
+            if seq.images is not None and start < seq.num_prompt_tokens:
+                chunks.append((seq, row, start, start + num_new))
+            row += num_new
+        return chunks
+
+    def _add_images(self, batch: StepBatch, out: SchedulerOutput) -> None:
+        """When a chunk covers image-prompt tokens: give `batch` M-RoPE positions [3, T] and
+        those chunks' image rows (the tower runs once per request). Else leaves it as it is."""
+        chunks = self._image_chunks(out)
+        if not chunks:
+            return  # text and decodes only: 1-D positions, the fast path
+        positions = batch.positions.expand(3, -1).clone()  # text rows: three equal rows
+        rows, values = [], []
+        for seq, row, start, end in chunks:
+            images = seq.images
+            prompt_end = min(end, seq.num_prompt_tokens)
+            prompt_positions = images.positions[:, start:prompt_end]
+            positions[:, row : row + prompt_end - start] = prompt_positions.to(self.device)
+            offset = 0
+            for first, count in images.spans:
+                low, high = max(first, start), min(first + count, end)
+                if low < high:  # a chunk may cut through an image: take its slice
+                    if images.embeds is None:
+                        images.embeds = self.encode_images(images.pixel_values, images.grid_thw)
+                    rows.append(torch.arange(low, high) + (row - start))
+                    values.append(images.embeds[offset + low - first : offset + high - first])
+                offset += count
+        batch.positions = positions
+        if rows:
+            batch.image_rows = torch.cat(rows).to(self.device)
+            batch.image_values = torch.cat(values)
 
     def _prefill_chunk(
         self, seq: Sequence, row: int, start: int, end: int, saves: list[tuple[int, int]]
@@ -230,6 +311,11 @@ class ModelRunner:
         states first and copies the states due at the step's end into their snapshots after."""
         self._copy_states(batch.state_restores)
         with set_forward_context(batch.attn):
-            hidden = self.model(batch.input_ids, batch.positions)  # [T, hidden]
+            if batch.image_rows is None:
+                hidden = self.model(batch.input_ids, batch.positions)  # [T, hidden]
+            else:
+                embeds = self.model.model.embed(batch.input_ids)  # [T, hidden]
+                embeds[batch.image_rows] = batch.image_values.to(embeds.dtype)
+                hidden = self.model(batch.input_ids, batch.positions, embeds)
         self._copy_states(batch.state_saves)
         return self.model.compute_logits(hidden[batch.logits_indices])
