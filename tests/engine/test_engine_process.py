@@ -144,7 +144,8 @@ def test_a_failed_add_fails_its_request_whatever_the_exception(tiny):
             object.__setattr__(params, "n", "1")  # range("1") in the engine: a TypeError
             with pytest.raises(EngineError, match="TypeError"):
                 await asyncio.wait_for(_collect(client, "bad", [5, 6, 7], params), 30)
-            good = await _collect(client, "good", [5, 6, 7], SamplingParams(max_tokens=3))
+            params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+            good = await _collect(client, "good", [5, 6, 7], params)
         finally:
             await client.shutdown()
         return good
