@@ -119,8 +119,15 @@ class LlamaModel(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)  # [T, hidden]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(input_ids)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states [T, hidden]; `inputs_embeds` [T, hidden] (token embeddings with
+        image rows written over them) replaces the embedding lookup."""
+        hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         for layer in self.layers:
             hidden = layer(positions, hidden)
         return self.norm(hidden)
@@ -145,8 +152,13 @@ class LlamaForCausalLM(nn.Module):
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie_to(self.model.embed_tokens)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # [B, V]

@@ -105,19 +105,6 @@ class Qwen3_5DecoderLayer(nn.Module):
 class Qwen3_5TextModel(LlamaModel):
     norm_unit_offset = True
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Final hidden states [T, hidden]; `inputs_embeds` [T, hidden] (token embeddings with
-        image rows written over them) replaces the embedding lookup."""
-        hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
-        for layer in self.layers:
-            hidden = layer(positions, hidden)
-        return self.norm(hidden)
-
 
 class Qwen3_5ForCausalLM(LlamaForCausalLM):
     """Text-only Qwen3.5 for a `qwen3_5_text` config or a multimodal `qwen3_5` one."""
@@ -138,14 +125,6 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         text_config.tie_word_embeddings = tied
         super().__init__(text_config)
         self.tie_word_embeddings = tied
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, inputs_embeds)
 
 
 class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):

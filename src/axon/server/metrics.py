@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -103,10 +104,6 @@ REQUEST_SUCCESS = Counter(
 )
 
 
-def request_started(model_id: str) -> None:
-    """Kept for symmetry with vLLM's request lifecycle; running/waiting come from the engine."""
-
-
 def first_token(model_id: str, seconds: float) -> None:
     TTFT.labels(model_id).observe(seconds)
 
@@ -126,6 +123,42 @@ def request_finished(
     PROMPT_TOKENS.labels(model_id).inc(prompt_tokens)
     GENERATION_TOKENS.labels(model_id).inc(generation_tokens)
     REQUEST_SUCCESS.labels(model_id, finish_reason or "abort").inc()
+
+
+def _observe(hook, *args) -> None:
+    """Calls `hook(*args)`; metrics never break serving."""
+    try:
+        hook(*args)
+    except Exception:  # noqa: BLE001
+        logger.exception("metrics hook %s failed", hook.__name__)
+
+
+class RequestObserver:
+    """Feeds one request's token timings to the metrics above."""
+
+    def __init__(self, model_id: str, started_at: float):
+        self.model_id = model_id
+        self.started_at = started_at
+        self.last_token_at: float | None = None
+        self.num_tokens = 0
+
+    def update(self, state) -> None:
+        """`state`: the request's RequestState after an engine update."""
+        num_tokens = sum(len(sample.token_ids) for sample in state.samples)
+        if num_tokens == self.num_tokens:
+            return
+        self.num_tokens, at = num_tokens, time.monotonic()
+        if self.last_token_at is None:
+            _observe(first_token, self.model_id, at - self.started_at)
+        else:
+            _observe(inter_token, self.model_id, at - self.last_token_at)
+        self.last_token_at = at
+
+    def finish(self, state) -> None:
+        reason = state.samples[0].finish_reason if state.finished else "abort"
+        elapsed = time.monotonic() - self.started_at
+        num_prompt = len(state.prompt_token_ids)
+        _observe(request_finished, self.model_id, elapsed, num_prompt, self.num_tokens, reason)
 
 
 class EngineStatsCollector:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -17,6 +15,7 @@ from starlette.responses import StreamingResponse
 
 from axon.engine.output_processor import RequestState
 from axon.server.errors import BadRequest, EngineDead
+from axon.server.metrics import RequestObserver
 from axon.server.offload import off_loop
 from axon.server.protocol import (
     CompletionRequest,
@@ -38,54 +37,6 @@ router = APIRouter()
 
 class ClientDisconnected(Exception):
     """The client closed the connection before its response was ready."""
-
-
-# ---- metrics ------------------------------------------------------------------------------
-
-
-def _metrics_module():
-    if importlib.util.find_spec("axon.server.metrics") is None:
-        return None
-    return importlib.import_module("axon.server.metrics")
-
-
-def observe(hook: str, *args) -> None:
-    """Calls `axon.server.metrics.<hook>(*args)` if it exists; metrics never break serving."""
-    try:
-        function = getattr(_metrics_module(), hook, None)
-        if function is not None:
-            function(*args)
-    except Exception:  # noqa: BLE001
-        logger.exception("metrics hook %s failed", hook)
-
-
-class _Observer:
-    """Feeds one request's token timings to the metrics hooks."""
-
-    def __init__(self, model_id: str, started_at: float):
-        self.model_id = model_id
-        self.started_at = started_at
-        self.last_token_at: float | None = None
-        self.num_tokens = 0
-        observe("request_started", model_id)
-
-    def update(self, state: RequestState) -> None:
-        num_tokens = sum(len(sample.token_ids) for sample in state.samples)
-        if num_tokens == self.num_tokens:
-            return
-        self.num_tokens, at = num_tokens, time.monotonic()
-        if self.last_token_at is None:
-            observe("first_token", self.model_id, at - self.started_at)
-        else:
-            observe("inter_token", self.model_id, at - self.last_token_at)
-        self.last_token_at = at
-
-    def finish(self, state: RequestState) -> None:
-        reasons = [sample.finish_reason for sample in state.samples]
-        reason = reasons[0] if state.finished else "abort"
-        elapsed = time.monotonic() - self.started_at
-        num_prompt = len(state.prompt_token_ids)
-        observe("request_finished", self.model_id, elapsed, num_prompt, self.num_tokens, reason)
 
 
 # ---- one admitted request -----------------------------------------------------------------
@@ -114,7 +65,7 @@ class Generation:
         except BaseException:
             await stream.aclose()
             raise
-        return cls(stream, first, _Observer(model.id, started_at))
+        return cls(stream, first, RequestObserver(model.id, started_at))
 
     async def __aiter__(self) -> AsyncIterator[RequestState]:
         try:
