@@ -13,7 +13,8 @@ The random model has no tokenizer, so prompts are random token ids and the strea
 empty; every SSE chunk that has `choices` counts as a content chunk (vLLM's client does the
 same: "text could be empty here"), and the output token count comes from the final usage chunk.
 
-Metrics (vLLM's `benchmark_serving` definitions; the clock is the client's `perf_counter`):
+The requests, their timestamps and the metrics are `axon bench serve`'s (axon.bench.client
+and axon.bench.metrics: vLLM's `benchmark_serving` definitions, the client's `perf_counter`):
 
 - TTFT: arrival of the first content chunk - request send;
 - E2E:  arrival of the last content chunk - request send;
@@ -21,6 +22,11 @@ Metrics (vLLM's `benchmark_serving` definitions; the clock is the client's `perf
 - ITL:  gaps between successive content chunks, pooled over all requests (a chunk carrying
   several tokens is one gap, as in vLLM);
 - output tok/s: total output tokens / wall time of the whole level.
+
+This script adds what only a run against a server it starts itself can: the random model, the
+server's own histograms and the offline twin below. To benchmark any OpenAI-compatible server
+(axon, llama-server, vLLM) with random or dataset prompts, a plot and JSON results, use
+`axon bench serve --base-url URL` instead.
 
 Mean, median and p99 (linear interpolation, numpy's default) are reported in ms. Between
 levels the script scrapes the server's `/metrics` and prints the server-side histograms
@@ -56,7 +62,6 @@ import platform
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -65,6 +70,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+from tqdm import tqdm
+
+from axon.bench.client import BenchPrompt, RequestConfig
+from axon.bench.client import run_level as bench_level
+from axon.bench.metrics import RequestResult, level_metrics
 
 BENCH_DIR = Path(__file__).resolve().parent
 SRC_DIR = BENCH_DIR.parent / "src"
@@ -200,7 +210,7 @@ def wait_until_listed(
     while time.monotonic() < deadline:
         if server is not None:
             server.check_alive()
-            if "failed" in server.log_text():
+            if "startup load of" in server.log_text():  # serve.py logs a failed load so
                 raise RuntimeError("the model load failed:\n" + server.log_text())
         try:
             listed = listed_models(base_url, headers)
@@ -248,78 +258,10 @@ def histogram_delta(before: dict, after: dict, name: str) -> tuple[float, float]
     return total, count
 
 
-# ---- the client -----------------------------------------------------------------------------
+# ---- the client: axon.bench ----------------------------------------------------------------
 
 
-@dataclass
-class RequestResult:
-    prompt_len: int
-    success: bool = False
-    error: str = ""
-    ttft: float = 0.0  # s
-    latency: float = 0.0  # E2E, s
-    itl: list[float] = field(default_factory=list)  # s, one per content chunk after the first
-    output_tokens: int = 0
-    chunks: int = 0
-    cached_tokens: int = 0
-
-
-async def send_request(
-    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int
-) -> RequestResult:
-    payload = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": output_len,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    result = RequestResult(prompt_len=len(prompt))
-    usage_tokens = None
-    sent = last = time.perf_counter()
-    try:
-        async with client.stream("POST", url, json=payload) as response:
-            if response.status_code != 200:
-                body = (await response.aread())[:300].decode(errors="replace")
-                result.error = f"HTTP {response.status_code}: {body}"
-                return result
-            async for line in response.aiter_lines():
-                arrived = time.perf_counter()
-                line = line.strip()
-                if not line or line.startswith(":") or not line.startswith("data:"):
-                    continue  # blank separators, SSE comments, `event:` lines
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    continue
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    result.error = json.dumps(chunk["error"])[:300]
-                    return result
-                if chunk.get("choices"):
-                    if result.chunks == 0:
-                        result.ttft = arrived - sent
-                    else:
-                        result.itl.append(arrived - last)
-                    last = arrived
-                    result.chunks += 1
-                if usage := chunk.get("usage"):
-                    usage_tokens = usage.get("completion_tokens")
-                    details = usage.get("prompt_tokens_details") or {}
-                    result.cached_tokens = details.get("cached_tokens") or 0
-    except (httpx.HTTPError, ValueError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-        return result
-    result.latency = last - sent
-    result.output_tokens = usage_tokens if usage_tokens is not None else result.chunks
-    result.success = result.chunks > 0
-    if not result.success:
-        result.error = "no content chunk"
-    return result
-
-
-async def run_level(
+def run_level(
     base_url: str,
     model: str,
     headers: dict,
@@ -328,44 +270,16 @@ async def run_level(
     concurrency: int,
 ) -> tuple[float, list[RequestResult]]:
     """Sends every prompt, at most `concurrency` in flight; returns (wall s, results)."""
-    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency)
-    timeout = httpx.Timeout(None, connect=30.0)
-    url = base_url + "/v1/completions"
-    semaphore = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout) as client:
-
-        async def one(prompt: list[int]) -> RequestResult:
-            async with semaphore:
-                return await send_request(client, url, model, prompt, output_len)
-
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one(p) for p in prompts))
-        wall = time.perf_counter() - start
-    return wall, list(results)
+    config = RequestConfig(base_url, "completions", model, temperature=0.0, ignore_eos=True)
+    bench_prompts = [BenchPrompt(prompt, len(prompt), output_len) for prompt in prompts]
+    progress = tqdm(total=len(prompts), desc=f"c={concurrency}", disable=not sys.stderr.isatty())
+    with progress:
+        return asyncio.run(
+            bench_level(config, headers, bench_prompts, concurrency, progress=progress)
+        )
 
 
 # ---- statistics -----------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """numpy.percentile's default (linear interpolation between closest ranks)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low, high = math.floor(pos), math.ceil(pos)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def summary_ms(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": math.nan, "median": math.nan, "p99": math.nan}
-    ms = [v * 1000.0 for v in values]
-    return {
-        "mean": statistics.fmean(ms),
-        "median": statistics.median(ms),
-        "p99": percentile(ms, 99),
-    }
 
 
 @dataclass
@@ -392,24 +306,28 @@ class LevelReport:
 
 
 def report(concurrency: int, wall: float, results: list[RequestResult]) -> LevelReport:
+    metrics = level_metrics(results, wall, percentiles=(99,))
     ok = [r for r in results if r.success]
-    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
-    output_tokens = sum(r.output_tokens for r in ok)
-    chunks = sum(r.chunks for r in ok)
+    output_tokens = metrics["total_output_tokens"]
+
+    def three(name: str) -> dict[str, float]:  # None (no values) reads as nan in the tables
+        values = {stat: metrics[f"{stat}_{name}_ms"] for stat in ("mean", "median", "p99")}
+        return {stat: math.nan if value is None else value for stat, value in values.items()}
+
     return LevelReport(
         concurrency=concurrency,
-        num_requests=len(results),
-        completed=len(ok),
+        num_requests=metrics["num_prompts"],
+        completed=metrics["completed"],
         wall_s=wall,
-        total_input_tokens=sum(r.prompt_len for r in ok),
+        total_input_tokens=metrics["total_input_tokens"],
         total_output_tokens=output_tokens,
-        output_tok_s=output_tokens / wall,
-        request_s=len(ok) / wall,
-        ttft=summary_ms([r.ttft for r in ok]),
-        tpot=summary_ms(tpots),
-        itl=summary_ms([gap for r in ok for gap in r.itl]),
-        e2e=summary_ms([r.latency for r in ok]),
-        chunks_per_token=chunks / output_tokens if output_tokens else math.nan,
+        output_tok_s=metrics["output_throughput"],
+        request_s=metrics["request_throughput"],
+        ttft=three("ttft"),
+        tpot=three("tpot"),
+        itl=three("itl"),
+        e2e=three("e2el"),
+        chunks_per_token=sum(r.chunks for r in ok) / output_tokens if output_tokens else math.nan,
         cached_prompt_tokens=sum(r.cached_tokens for r in ok),
         load_avg_1m=os.getloadavg()[0],
         errors=sorted({r.error for r in results if not r.success})[:5],
@@ -628,12 +546,12 @@ def main(argv=None) -> int:
             print(f"server ready at {base_url} in {time.perf_counter() - start:.1f}s", flush=True)
         if args.warmup:
             warm = make_prompts(args.warmup, (16, 32), args.vocab_size, args.seed + 1, -1)
-            asyncio.run(run_level(base_url, args.model, headers, warm, 4, 1))
+            run_level(base_url, args.model, headers, warm, 4, 1)
         for concurrency, prompts in workloads.items():
             before = scrape(base_url, args.model, headers)
             cpu0 = time.process_time()
-            wall, results = asyncio.run(
-                run_level(base_url, args.model, headers, prompts, args.output_len, concurrency)
+            wall, results = run_level(
+                base_url, args.model, headers, prompts, args.output_len, concurrency
             )
             after = scrape(base_url, args.model, headers)
             rep = report(concurrency, wall, results)

@@ -78,6 +78,10 @@ log "upgrading pip"
 "$PY" -m pip install --quiet --upgrade pip
 install_torch
 install_axon
+# What the first `axon serve` would do otherwise (C kernels, the demo model and its tokenizer,
+# into ~/.cache/axon): later starts, the first one included, find them ready.
+log "prewarming axon's cache"
+"$PY" -m axon.prewarm | sed 's/^/[setup]   /'
 
 log "done:"
 "$PY" - <<'PY'

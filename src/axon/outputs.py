@@ -23,6 +23,7 @@ class TokenUpdate:
     finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    embedding: list[float] | None = None  # an embedding request's pooled vector, once finished
 
 
 @dataclass

@@ -40,6 +40,7 @@ class ImageInputs:
     positions: object
     mrope_delta: int  # positions past the prompt are index + mrope_delta (every row)
     embeds: object = None  # the tower's output [sum(counts), hidden], once computed
+    deepstack: object = None  # Qwen3-VL: DeepStack features [L, sum(counts), hidden], likewise
 
     def block_extra_key(self, start: int, end: int) -> bytes:
         """The hashes of the images with tokens in [start, end): what a prefix-cache block
@@ -101,6 +102,9 @@ class Sequence:
         self.grammar = None
         self.arrival_order = self.seq_id
         self.images = images
+        # Embedding requests: "last" or "mean" pools the prompt's final hidden states into the
+        # sequence's output instead of sampling; it finishes when its prompt is computed.
+        self.pooling: str | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

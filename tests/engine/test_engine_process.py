@@ -47,8 +47,11 @@ def test_generation_matches_the_in_process_engine(tiny):
         )
     ]
 
+    reports: list[tuple[int, int]] = []
+
     async def main():
-        client = await EngineClient.start(EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS))
+        config = EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS)
+        client = await EngineClient.start(config, on_progress=lambda *r: reports.append(r))
         try:
             results = await asyncio.gather(
                 *(_collect(client, f"r{i}", p, params) for i, p in enumerate(prompts))
@@ -60,6 +63,10 @@ def test_generation_matches_the_in_process_engine(tiny):
         return results, memory, stats, client
 
     results, memory, stats, client = run(main())
+    # The engine reported its weight loading, ending at the checkpoint's size.
+    total = sum(f.stat().st_size for f in tiny.path.glob("*.safetensors"))
+    assert reports and reports[-1] == (total, total)
+    assert all(a[0] <= b[0] for a, b in zip(reports, reports[1:]))
     assert [r["tokens"][0] for r in results] == expected
     assert all(r["reasons"][0] == "length" for r in results)
     assert tuple(memory) == (0, 0)  # CPU: no device memory to report, as neuron does

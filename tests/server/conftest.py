@@ -138,14 +138,16 @@ def _read_log(process: subprocess.Popen, log: list[str], port_found: threading.E
             port_found.set()
 
 
-def _wait_until_serving(server: Server, deadline_s: float = 120.0) -> None:
+def _wait_until_serving(
+    server: Server, deadline_s: float = 120.0, model_id: str = MODEL_ID
+) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         assert server.process.poll() is None, "axon serve exited:\n" + "".join(server.log)
         assert "failed" not in "".join(server.log), "the load failed:\n" + "".join(server.log)
         try:
             models = httpx.get(server.openai_url + "/models", timeout=5).json()
-            if any(m["id"] == MODEL_ID for m in models.get("data", [])):
+            if any(m["id"] == model_id for m in models.get("data", [])):
                 return
         except httpx.HTTPError:
             pass

@@ -30,6 +30,7 @@ class FakeModel:
         self.status = "loaded"
         self.devices, self.capabilities = [], ["text"]
         self.max_model_len, self.created = 128, 1
+        self.parameter_bytes = {"total": 1000, "active": 250}  # as engine_info reports them
         self.on_poisoned = None
         self.shutdown_graces: list[float] = []
         self.killed = False
@@ -62,8 +63,9 @@ class Harness:
             raise self.preflight_errors[spec.model_id]
         return Path("/models") / spec.model_id
 
-    async def start(self, model_id, *args, chat_template=None, previous=None):
+    async def start(self, model_id, *args, chat_template=None, previous=None, on_progress=None):
         if model_id in self.gates:
+            on_progress(300, 1000)  # what an engine reports while it loads
             await self.gates[model_id].wait()
         model = FakeModel(model_id, *args, chat_template)
         self.started.append(model)
@@ -175,6 +177,45 @@ def test_loading_status_and_independent_models():
             harness.gates["slow"].set()
             assert (await slow).status_code == 200
             assert [m["id"] for m in (await http.get("/models")).json()] == ["slow"]
+
+
+def test_load_progress_in_models_and_health():
+    async def scenario():
+        harness = Harness()
+        harness.gates["slow"] = asyncio.Event()
+        harness.state.activation = ActivationTracker(pending=["slow"])
+        harness.state.activation.start("slow")
+        async with harness.client() as http:
+            slow = asyncio.create_task(http.post("/models/load", json={"model_id": "slow"}))
+            await asyncio.sleep(0.05)
+            (info,) = (await http.get("/models")).json()
+            progress = {"loaded_bytes": 300, "total_bytes": 1000}
+            assert info["status"] == "loading" and info["load_progress"] == progress
+            activation = (await http.get("/health")).json()["activation"]
+            assert activation["in_progress"] == "slow" and activation["progress"] == progress
+            harness.gates["slow"].set()
+            assert (await slow).status_code == 200
+            (info,) = (await http.get("/models")).json()
+            assert info["status"] == "loaded" and info["load_progress"] is None
+
+    asyncio.run(scenario())
+
+
+def test_models_show_total_and_active_parameter_bytes():
+    async def scenario():
+        harness = Harness()
+        harness.gates["slow"] = asyncio.Event()
+        async with harness.client() as http:
+            await http.post("/models/load", json={"model_id": "moe"})
+            slow = asyncio.create_task(http.post("/models/load", json={"model_id": "slow"}))
+            await asyncio.sleep(0.05)
+            infos = {m["id"]: m for m in (await http.get("/models")).json()}
+            assert infos["moe"]["parameter_bytes"] == {"total": 1000, "active": 250}
+            assert infos["slow"]["parameter_bytes"] is None  # not loaded yet
+            harness.gates["slow"].set()
+            await slow
+
+    asyncio.run(scenario())
 
 
 def test_unload_cancels_a_load_in_progress():
@@ -434,18 +475,21 @@ def test_tensor_parallel_and_devices_are_never_silently_ignored(monkeypatch):
         harness = Harness()
         async with harness.client() as http:
             for spec, code, param in [
-                ({"model_id": "m", "tensor_parallel": 2}, "tensor_parallel_unsupported", None),
+                ({"model_id": "m", "tensor_parallel": 2, "devices": [0]}, None, "devices"),
                 ({"model_id": "m", "devices": [99]}, "device_not_found", "devices"),
                 ({"model_id": "m", "devices": [0, 1]}, None, "devices"),  # 2 GPUs, 1 rank
             ]:
                 response = await http.post("/models/load", json=spec)
                 assert response.status_code == 400, response.text
                 error = response.json()["error"]
-                assert error["code"] == code and error["param"] == (param or "tensor_parallel")
+                assert error["code"] == code and error["param"] == param
             assert harness.started == []  # refused before any work
             loaded = await http.post("/models/load", json={"model_id": "m", "devices": [1]})
             assert loaded.status_code == 200
             assert harness.started[0].spec.devices == [1]
+            spec = {"model_id": "tp", "tensor_parallel": 2, "devices": [0, 1]}
+            assert (await http.post("/models/load", json=spec)).status_code == 200
+            assert harness.started[1].engine_args["tensor_parallel_size"] == 2
 
     run(scenario())
 

@@ -351,9 +351,8 @@ def test_plan_errors():
     with pytest.raises(Unprocessable) as info:
         plan_files("m", ["README.md", "pytorch_model.bin"], None)
     assert info.value.code == "empty_repo"
-    with pytest.raises(Unprocessable) as info:
-        plan_files("m", GGUF_FILES, None, tensor_parallel=2)
-    assert info.value.code == "tp_requires_safetensors"
+    # Tensor parallelism takes a GGUF-only repo's file (its split is checked once fetched).
+    assert plan_files("m", GGUF_FILES[:1], None, tensor_parallel=2).gguf_file == GGUF_FILES[0]
     with pytest.raises(Unprocessable) as info:
         plan_files("m", GGUF_FILES, None)  # several quants and no choice made
     assert info.value.code == "quant_not_found"
@@ -424,12 +423,6 @@ def test_quant_not_found_suggests_nearest(hub, hf_env):
     assert body["available"] == ["F16", "Q4_K_M", "Q8_0"]
     assert "did you mean 'Q4_K_M'" in body["message"]
     assert not any("org/quants/resolve/" in p for _, p, _ in hub[0].requests)
-
-
-def test_tp_requires_safetensors(hub, hf_env):
-    hub[0].add("org/gguf-only", {name: b"x" for name in GGUF_FILES})
-    error = _preflight(ModelSpec(model_id="org/gguf-only", quant="Q8_0", tensor_parallel=2))
-    assert error.code == "tp_requires_safetensors"
 
 
 def test_scheme_source_with_token(hub, tmp_path, monkeypatch):

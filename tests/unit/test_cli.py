@@ -1,6 +1,7 @@
 """The `axon` command line: parsing, engine and sampling arguments, the chat loop on a fake LLM.
 
-No model and no torch: the fake LLM below stands in for `axon.LLM`.
+No model: the fake LLM below stands in for `axon.LLM`. `tp-smoke` runs for real (a rank-1
+subprocess and a gloo group on the CPU).
 """
 
 from __future__ import annotations
@@ -213,3 +214,25 @@ def test_chat_quits_at_end_of_input():
         raise EOFError
 
     assert run_chat(FakeLLM(), None, read_line, io.StringIO()) == []
+
+
+def test_tensor_parallel_size_reaches_the_engine():
+    ns = parse("generate", "--model", "/m", "--prompt", "x", "--tensor-parallel-size", "2")
+    assert engine_args_from_namespace(ns)["tensor_parallel_size"] == 2
+
+
+def test_tp_smoke_all_reduces_over_two_cpu_ranks(capsys):
+    # A real rank-1 process and a gloo group: every rank must observe the sum 2.
+    assert main(["tp-smoke", "--tp-size", "2", "--device", "cpu", "--timeout", "60"]) == 0
+    assert capsys.readouterr().out.strip() == "status=ok tp_size=2 devices=cpu,cpu"
+
+
+def test_tp_smoke_without_the_devices_fails_with_the_reason(capsys):
+    assert main(["tp-smoke", "--tp-size", "2", "--device", "cuda", "--devices", "0,1"]) == 1
+    assert "not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("devices", ["0,x", "1,1", "-1"])
+def test_tp_smoke_rejects_bad_device_lists(devices, capsys):
+    with pytest.raises(SystemExit):
+        parse("tp-smoke", "--tp-size", "2", "--devices", devices)

@@ -90,10 +90,12 @@ class EngineClient:
         log_level: int = logging.INFO,
         liveness: Liveness | None = None,
         env: dict[str, str] | None = None,
+        on_progress=None,
     ) -> EngineClient:
-        """Spawn the engine process and wait until its weights are loaded. Raises RuntimeError
-        with the engine's message when loading fails, EngineLoadTimeout past the deadline. A
-        cancelled start (an unload while loading) kills the process group."""
+        """Spawn the engine process and wait until its weights are loaded; `on_progress(loaded,
+        total)` hears the bytes of weights loaded meanwhile. Raises RuntimeError with the
+        engine's message when loading fails, EngineLoadTimeout past the deadline. A cancelled
+        start (an unload while loading) kills the process group."""
         liveness = liveness or Liveness()
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
@@ -102,7 +104,7 @@ class EngineClient:
         process.start()
         child.close()
         try:
-            message = await _first_message(parent, process, liveness.load_timeout_s)
+            message = await _first_message(parent, process, liveness.load_timeout_s, on_progress)
         except BaseException:
             _kill_group(process)
             await asyncio.to_thread(process.join, 5)
@@ -222,14 +224,20 @@ class EngineClient:
     # ---- requests and commands --------------------------------------------------------------
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        images: dict | None = None,
     ) -> RequestStream:
         """Submit a request now; iterate the result for its TokenUpdates until all `n` samples
-        finish. Closing it early (aclose, or leaving an `async for`) aborts the request."""
+        finish. Closing it early (aclose, or leaving an `async for`) aborts the request.
+        `images`: {"pixel_values", "grid_thw"} for a prompt with expanded image placeholders."""
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
+        message = ("add", None, request_id, prompt_token_ids, params)
         try:
-            self._send(("add", None, request_id, prompt_token_ids, params))
+            self._send(message if images is None else (*message, images))
         except BaseException:
             self._streams.pop(request_id, None)
             raise
@@ -288,10 +296,10 @@ def _kill_group(process) -> None:
         os.kill(process.pid, signal.SIGKILL)  # before its setpgid, it is in our group
 
 
-async def _first_message(conn, process, timeout_s: float) -> tuple:
-    """The engine's first message ("ready" or "load_failed"), waited for in short slices so that
-    a cancellation is seen promptly. Raises RuntimeError when the process dies first,
-    EngineLoadTimeout past `timeout_s`."""
+async def _first_message(conn, process, timeout_s: float, on_progress=None) -> tuple:
+    """The engine's first message after its load progress ("ready" or "load_failed"), waited
+    for in short slices so that a cancellation is seen promptly. Raises RuntimeError when the
+    process dies first, EngineLoadTimeout past `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
         ready = await asyncio.to_thread(
@@ -299,9 +307,14 @@ async def _first_message(conn, process, timeout_s: float) -> tuple:
         )
         if conn in ready:
             try:
-                return conn.recv()
+                message = conn.recv()
             except EOFError:
                 ready = [process.sentinel]
+            else:
+                if message[0] != "progress":
+                    return message
+                if on_progress is not None:
+                    on_progress(*message[1:])
         if process.sentinel in ready:
             await asyncio.to_thread(process.join, 5)
             raise RuntimeError(f"engine process exited with code {process.exitcode}")

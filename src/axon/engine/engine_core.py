@@ -13,6 +13,8 @@ import torch
 from axon.cache.block_manager import BlockManager
 from axon.cache.state_slots import StateSlotManager
 from axon.config import EngineConfig
+from axon.engine.pooler import Pooler
+from axon.engine.pooling import load_pooling_config, resolve_task
 from axon.engine.scheduler import Scheduler
 from axon.outputs import TokenUpdate
 from axon.runner.model_runner import ModelRunner
@@ -66,6 +68,10 @@ class EngineCore:
         )
         self.max_model_len = plan.max_model_len
         self.eos_token_ids = eos_token_ids_of(config.model, self.runner.text_config)
+        self.task = resolve_task(config.task, config.model)
+        self.pooler = None  # the embed task's: each prompt's pooled hidden state is its output
+        if self.task == "embed":
+            self.pooler = Pooler(load_pooling_config(config.model, self.runner.hf_config))
         # Prompt tokens the engine computed, each once per sequence: not those served from the
         # prefix cache, nor those recomputed after a preemption (already counted; recomputed
         # output tokens are in neither counter). Generation tokens: tokens sampled. Per-request
@@ -109,6 +115,10 @@ class EngineCore:
             )
             for i in range(params.n)
         ]
+        if self.pooler is not None:
+            if len(seqs) > 1 or images is not None:
+                raise ValueError("an embedding request has one sample and no images")
+            seqs[0].pooling = self.pooler.config.mode
         for child in seqs[1:]:
             child.fork_parent = seqs[0]
         if params.structured_output is not None:
@@ -124,6 +134,8 @@ class EngineCore:
     def abort(self, request_ids: list[str] | set[str]) -> list[Sequence]:
         """Finish these requests now, freeing their blocks; unknown ids are ignored."""
         aborted = self.scheduler.abort(set(request_ids))
+        if self.pooler is not None:
+            self.pooler.forget(seq.seq_id for seq in aborted)
         for request_id in request_ids:
             self.requests.pop(request_id, None)
         return aborted
@@ -141,6 +153,10 @@ class EngineCore:
         if seqs is not None and all(s.is_finished for s in seqs):
             del self.requests[request_id]
 
+    def close(self) -> None:
+        """Stops the other tensor-parallel ranks, if any (the engine is done with the device)."""
+        self.runner.close()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -157,6 +173,8 @@ class EngineCore:
                 raise RuntimeError(f"scheduler stalled with {self.scheduler.num_waiting} waiting")
             return []
         batch = self.runner.prepare(out)
+        if self.pooler is not None:
+            return self._embed_step(out, batch)
         logits = self.runner.forward_logits(batch)
         sampled, logprobs = self._sample(batch.sampling_seqs, logits)
         self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)
@@ -164,6 +182,22 @@ class EngineCore:
         self.num_generation_tokens += len(sampled)
         updates = [self._update_of(seq, sampled, logprobs) for seq, _ in out.scheduled]
         for seq, _ in out.scheduled:
+            if seq.is_finished:
+                self._forget_if_done(seq.request_id)
+        return updates
+
+    def _embed_step(self, out, batch) -> list[TokenUpdate]:
+        """A step of the embed task: prefill only, and each prompt that ends this step finishes
+        (its blocks freed) with its pooled vector as the update's `embedding`."""
+        self.pooler.prepare(batch, out)
+        vectors = self.pooler.collect(out, self.runner.forward_logits(batch))
+        self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)
+        self.scheduler.update(out, {})
+        updates = []
+        for seq, _ in out.scheduled:
+            update = self._update_of(seq, {}, {})
+            update.embedding = vectors.get(seq.seq_id)
+            updates.append(update)
             if seq.is_finished:
                 self._forget_if_done(seq.request_id)
         return updates

@@ -11,31 +11,30 @@ silence alone. The engine dies with the HTTP process: a parent-death signal (Lin
 on the parent pid, so a killed server leaves no orphan holding device memory.
 
 Messages to the engine:  (kind, call_id, *args)
-Messages from it:        ("ready", info) | ("load_failed", message) | ("heartbeat",)
+Messages from it:        ("progress", loaded_bytes, total_bytes) while loading, then
+                         ("ready", info) | ("load_failed", message) | ("heartbeat",)
                          ("updates", [TokenUpdate]) | ("failed", [request_id], message)
                          ("reply", call_id, ok, payload) | ("poisoned", message)
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
-import sys
-import threading
 import time
 import traceback
 
 import torch
 
 from axon.config import EngineConfig
+from axon.distributed.workers import die_with_parent
 from axon.engine.engine_core import EngineCore
 from axon.engine.faults import InjectedDeviceFault, is_device_fault
+from axon.loader import progress
+from axon.loader.weights import parameter_bytes
 
 logger = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
 
 
 def engine_process_main(
@@ -53,29 +52,30 @@ def engine_process_main(
     if parent_pid is not None:
         die_with_parent(parent_pid)
     logging.basicConfig(level=log_level, format=f"%(asctime)s engine[{os.getpid()}] %(message)s")
+    progress.set_reporter(lambda loaded, total: conn.send(("progress", loaded, total)))
     try:
         core = EngineCore(config)
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, never raised
         conn.send(("load_failed", f"{type(exc).__name__}: {exc}"))
         return
     _compile_kernels(core)
+    if core.runner.workers is not None:
+        core.runner.workers.watch(_on_rank_death)
     conn.send(("ready", engine_info(core)))
-    EngineLoop(core, conn, heartbeat_s).run()
+    try:
+        EngineLoop(core, conn, heartbeat_s).run()
+    finally:
+        core.close()  # the other tensor-parallel ranks exit with the engine
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when `parent_pid` dies: the kernel's parent-death signal where there
-    is one, and a watcher thread (which also covers a parent that died before the prctl)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(1)  # the HTTP process is gone: nobody can use what this process holds
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+def _on_rank_death(rank: int, exit_code: int | None) -> None:
+    """A tensor-parallel rank died: the group is broken and rank 0 may be inside a collective
+    that will never return. Kill the engine's whole process group (this process and every
+    rank, the group made in engine_process_main); the HTTP process sees the engine die, fails
+    its requests and recovers the model in fresh processes."""
+    logger.error("tensor-parallel rank %d died (exit code %s): stopping all", rank, exit_code)
+    logging.shutdown()
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def _compile_kernels(core: EngineCore) -> None:
@@ -99,6 +99,27 @@ def engine_info(core: EngineCore) -> dict:
         "device": str(core.runner.device),
         "dtype": str(core.runner.dtype).removeprefix("torch."),
         "model_type": core.runner.hf_config.model_type,
+        "parameter_bytes": parameter_bytes(core.runner.model),  # {"total", "active"}
+        "vision": vision_info(core),
+        "task": core.task,
+        "pooling": core.pooler.config.info() if core.pooler is not None else None,
+        "hidden_size": core.runner.text_config.hidden_size,
+    }
+
+
+def vision_info(core: EngineCore) -> dict | None:
+    """What the HTTP process needs to prepare images for this engine: the placeholder token
+    ids, the merge size and the engine's image limits; None without a vision tower."""
+    model, config = core.runner.model, core.config
+    if getattr(model, "visual", None) is None:
+        return None
+    return {
+        "image_token_id": model.image_token_id,
+        "vision_start_token_id": model.vision_start_token_id,
+        "spatial_merge_size": model.spatial_merge_size,
+        "max_images_per_prompt": config.max_images_per_prompt,
+        "max_image_pixels": config.max_image_pixels,
+        "image_profile": config.image_profile,
     }
 
 
@@ -129,8 +150,8 @@ class EngineLoop:
     def _unpark(self) -> None:
         if self.parked and self.poisoned is None and self.core.structured.ready:
             parked, self.parked = self.parked, []
-            for request_id, prompt_token_ids, params in parked:
-                self._handle(("add", None, request_id, prompt_token_ids, params))
+            for request_id, *request in parked:
+                self._handle(("add", None, request_id, *request))
 
     def _send(self, message: tuple) -> None:
         try:
@@ -221,12 +242,14 @@ class EngineLoop:
         if call_id is not None:
             self._send(("reply", call_id, ok, payload))
 
-    def _cmd_add(self, request_id, prompt_token_ids, params) -> None:
+    def _cmd_add(self, request_id, prompt_token_ids, params, images=None) -> None:
+        """Queue a request; `images` (pixel patches and grids, prepared by the HTTP process)
+        for a prompt whose image placeholders are expanded."""
         if params.structured_output is not None and not self.core.structured.ready:
             self.core.structured.start_build()
-            self.parked.append((request_id, prompt_token_ids, params))
+            self.parked.append((request_id, prompt_token_ids, params, images))
             return
-        self.core.add_request(request_id, prompt_token_ids, params)
+        self.core.add_request(request_id, prompt_token_ids, params, images=images)
 
     def _cmd_abort(self, request_ids) -> None:
         aborted = set(request_ids)
@@ -265,6 +288,14 @@ class EngineLoop:
 
     def _cmd_inject_hang(self) -> None:
         self.inject_hang = True
+
+    def _cmd_inject_tp_wedge(self) -> None:
+        """Tensor parallelism: rank 1 blocks forever in the next step (the step deadline's
+        test); a ValueError for a single-rank engine."""
+        workers = self.core.runner.workers
+        if workers is None:
+            raise ValueError("inject_tp_wedge needs a tensor-parallel engine")
+        workers.wedge_rank = 1
 
     def _cmd_inject_step_error(self) -> None:
         """The next forward raises a plain (not device) error, after its step was scheduled."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceType
 
@@ -19,22 +20,29 @@ from axon.outputs import RequestOutput
 from axon.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+_TOKENIZER_LOAD = threading.Lock()
 
 PromptType = str | dict
 
 
 def load_tokenizer(path: str):
-    """The model's HF tokenizer, or None when the directory has none (token-id prompts only)."""
-    from transformers import AutoTokenizer
+    """The model's HF tokenizer, or None when the directory has none (token-id prompts only).
+    One load at a time per process: the HTTP process loads models' tokenizers on threads, and
+    transformers' lazy imports are not thread-safe (two at once: "cannot import name
+    'AutoTokenizer'")."""
+    with _TOKENIZER_LOAD:
+        from transformers import AutoTokenizer
 
-    from axon.loader import is_gguf
-    from axon.loader.gguf_tokenizer import load_gguf_tokenizer
+        from axon.loader import is_gguf
+        from axon.loader.gguf_tokenizer import load_gguf_tokenizer
 
-    try:
-        return load_gguf_tokenizer(path) if is_gguf(path) else AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError) as exc:
-        logger.warning("no tokenizer loaded from %s (%s); only token-id prompts work", path, exc)
-        return None
+        try:
+            if is_gguf(path):
+                return load_gguf_tokenizer(path)
+            return AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError, TypeError) as exc:
+            logger.warning("no tokenizer from %s (%s); only token-id prompts work", path, exc)
+            return None
 
 
 def expand_image_placeholders(
@@ -102,6 +110,11 @@ class LLM:
             return ids, None
         if getattr(self.engine.runner.model, "visual", None) is None:
             raise ValueError("this model has no vision tower loaded: images are not supported")
+        if len(pictures) > self.config.max_images_per_prompt:
+            raise ValueError(
+                f"{len(pictures)} images in one prompt; max_images_per_prompt is "
+                f"{self.config.max_images_per_prompt}"
+            )
         if not all(isinstance(picture, Image.Image) for picture in pictures):
             raise ValueError("multi_modal_data images must be PIL images")
         processed = [
@@ -114,9 +127,14 @@ class LLM:
 
     @property
     def image_processor(self) -> ImageProcessor:
-        """The checkpoint's preprocessor (preprocessor_config.json), made on first use."""
+        """The checkpoint's preprocessor (preprocessor_config.json) under the engine's image
+        limits, made on first use."""
         if self._image_processor is None:
-            self._image_processor = ImageProcessor(ProcessorConfig.from_file(self.config.model))
+            config = self.config
+            processor = ProcessorConfig.for_engine(
+                config.model, config.max_image_pixels, config.image_profile
+            )
+            self._image_processor = ImageProcessor(processor)
         return self._image_processor
 
     # ---- the loop ---------------------------------------------------------------------------

@@ -77,7 +77,8 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue `seq`. Raises ValueError when its prompt can never fit."""
-        if seq.num_tokens >= self.max_model_len:
+        # An embedding (pooling) sequence generates nothing: its prompt may fill the context.
+        if seq.num_tokens >= self.max_model_len + (seq.pooling is not None):
             raise ValueError(
                 f"prompt has {seq.num_tokens} tokens; max_model_len is {self.max_model_len} "
                 "and at least one token must be generated"
@@ -205,7 +206,8 @@ class Scheduler:
             if self._waits_for_parent(seq):
                 skipped.append(self.waiting.popleft())
                 continue
-            looked_up = not seq.block_table
+            # Mean pooling needs every prompt row's hidden state: no prefix-cache hits for it.
+            looked_up = not seq.block_table and seq.pooling != "mean"
             if looked_up:
                 self._match_prefix(seq)
             num_new = self._chunk_size(seq, budget)
@@ -266,6 +268,11 @@ class Scheduler:
             seq.max_num_computed_tokens = max(seq.max_num_computed_tokens, seq.num_computed_tokens)
             self.block_manager.cache_full_blocks(seq)
             self._store_snapshots(seq, out)
+            if seq.pooling is not None:
+                if seq.num_computed_tokens >= seq.num_prompt_tokens:
+                    self._finish(seq, FinishReason.STOP)  # pooled: no KV kept after the prompt
+                    finished.append(seq)
+                continue
             token_id = sampled.get(seq.seq_id)
             if token_id is None:
                 continue  # a prompt chunk that did not reach the end of the prompt

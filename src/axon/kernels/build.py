@@ -17,18 +17,14 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
+
+from axon.cache_dir import cache_dir
 
 logger = logging.getLogger(__name__)
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-
-
-def cache_dir() -> Path:
-    """axon's cache: $AXON_CACHE_DIR, else $XDG_CACHE_HOME/axon, else ~/.cache/axon."""
-    if os.environ.get("AXON_CACHE_DIR"):
-        return Path(os.environ["AXON_CACHE_DIR"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "axon"
 
 
 def _cpu_flags() -> str:
@@ -40,7 +36,8 @@ def _cpu_flags() -> str:
 
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("ggml_cpu.c", "cpu_ops.c", "cpu_layer.c")
+    Path(__file__).with_name(name)
+    for name in ("ggml_cpu.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c")
 )
 
 
@@ -51,6 +48,9 @@ def _build(compiler: str, sources: tuple[Path, ...]) -> Path:
     target = cache_dir() / "kernels" / f"axon_cpu-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
+    # Said out loud: a miss costs seconds to minutes, and scripts/setup.sh should have built it.
+    logger.warning("C kernels: cache miss, compiling %s (once per machine and source)", target)
+    started = time.monotonic()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
     os.close(fd)
@@ -62,6 +62,7 @@ def _build(compiler: str, sources: tuple[Path, ...]) -> Path:
             text=True,
         )
         os.replace(tmp, target)  # atomic: concurrent builders each rename a whole file
+        logger.warning("compiled the C kernels in %.1f s", time.monotonic() - started)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

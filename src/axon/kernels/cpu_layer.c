@@ -69,12 +69,14 @@ int64_t axon_decode_layer_scratch(const Layer *l, int64_t tokens, int64_t width,
     return tokens * per_token + (int64_t)threads * width;
 }
 
-/* hidden [tokens, hidden] <- the layer's output, in place, for `tokens` decode queries (one per
- * sequence): positions, cache slots of the new keys, each query's key slots [tokens, width] and
- * context lengths. Returns 0, or -1 when a matmul rejects its weights. */
-int axon_decode_layer(const Layer *l, float *hidden, int64_t tokens, const int64_t *positions,
-                      const int64_t *slot_mapping, const int64_t *key_slots, int64_t width,
-                      const int64_t *lens, float *scratch, int threads) {
+/* hidden [tokens, hidden] += the layer's attention (its first half), in place, for `tokens`
+ * decode queries (one per sequence): positions, cache slots of the new keys, each query's key
+ * slots [tokens, width] and context lengths. The MLP projections of `l` are not read: a sparse
+ * (mixture-of-experts) layer runs its MLP half in cpu_moe.c. Returns 0, or -1 when a matmul
+ * rejects its weights. */
+int axon_decode_attention(const Layer *l, float *hidden, int64_t tokens, const int64_t *positions,
+                          const int64_t *slot_mapping, const int64_t *key_slots, int64_t width,
+                          const int64_t *lens, float *scratch, int threads) {
     const int64_t dim = l->hidden, D = l->head_dim, q_width = l->heads * D;
     const int64_t kv_width = l->kv_heads * D, qkv_width = q_width + 2 * kv_width;
     float *x = scratch, *qkv = x + tokens * dim, *attn = qkv + tokens * qkv_width;
@@ -103,7 +105,21 @@ int axon_decode_layer(const Layer *l, float *hidden, int64_t tokens, const int64
                                 l->window, attn, scores, work >= (1 << 18) ? threads : 1);
     if (project(&l->o, attn, tokens, q_width, y, dim, threads)) return -1;
     residual_add(hidden, y, l->attn_out_norm, tokens, dim, l->eps, l->unit_offset);
+    return 0;
+}
 
+/* hidden [tokens, hidden] <- the layer's output, in place, for `tokens` decode queries (as
+ * axon_decode_attention). Returns 0, or -1 when a matmul rejects its weights. */
+int axon_decode_layer(const Layer *l, float *hidden, int64_t tokens, const int64_t *positions,
+                      const int64_t *slot_mapping, const int64_t *key_slots, int64_t width,
+                      const int64_t *lens, float *scratch, int threads) {
+    if (axon_decode_attention(l, hidden, tokens, positions, slot_mapping, key_slots, width, lens,
+                              scratch, threads))
+        return -1;
+    const int64_t dim = l->hidden, q_width = l->heads * l->head_dim;
+    const int64_t qkv_width = q_width + 2 * l->kv_heads * l->head_dim;
+    float *x = scratch, *y = x + tokens * dim + tokens * qkv_width + tokens * q_width;
+    float *gate_up = y + tokens * dim, *act = gate_up + tokens * 2 * l->inter;
     axon_rms_norm(hidden, dim, l->mlp_in_norm, x, dim, tokens, dim, l->eps, l->unit_offset);
     if (project(&l->gate_up, x, tokens, dim, gate_up, 2 * l->inter, threads)) return -1;
     axon_act_and_mul(gate_up, 2 * l->inter, act, tokens, l->inter, l->activation);

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from axon.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
-from axon.layers.linear import SmallBatchLinear
+from axon.layers.linear import SmallBatchLinear, materialize
 from axon.layers.quantized import QuantizedEmbedding, QuantizedMatmul, QuantizedTensor
 
 
@@ -34,28 +34,34 @@ class VocabParallelEmbedding(nn.Module):
             )
         rows = min(self.shard_size, self.vocab_size - self.vocab_start)
         param.data.zero_()
-        param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
+        param.data[:rows].copy_(materialize(loaded.narrow(0, self.vocab_start, rows)))
 
     def _load_quantized(self, param: nn.Parameter, qt: QuantizedTensor) -> None:
-        """Keep a GGUF embedding quantized; the dense weight is dropped."""
-        if self.tp_size != 1:
-            raise ValueError("quantized (GGUF) weights need tensor-parallel size 1")
+        """Keep a GGUF embedding quantized (a rank: its vocab rows, padded like the dense
+        shard); the dense weight is dropped."""
         if tuple(qt.shape) != (self.vocab_size, param.shape[1]):
             raise ValueError(
                 f"embedding shape mismatch: expected ({self.vocab_size}, {param.shape[1]}), "
                 f"checkpoint {tuple(qt.shape)} ({qt.type_name})"
             )
+        if self.tp_size > 1:
+            rows = min(self.shard_size, self.vocab_size - self.vocab_start)
+            qt = qt.narrow(0, self.vocab_start, rows).owned().padded(self.shard_size)
         self.quantized = QuantizedEmbedding(qt)
         param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.quantized is not None:
-            return self.quantized.lookup(input_ids, self.weight.dtype)  # [T, hidden]
         if self.tp_size == 1:
+            if self.quantized is not None:
+                return self.quantized.lookup(input_ids, self.weight.dtype)  # [T, hidden]
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.shard_size)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        local = local.masked_fill(outside, 0)
+        if self.quantized is not None:
+            out = self.quantized.lookup(local, self.weight.dtype)  # [T, hidden]
+        else:
+            out = F.embedding(local, self.weight)
         out.masked_fill_(outside.unsqueeze(-1), 0.0)
         return tp_all_reduce(out)
 
@@ -74,8 +80,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         self._tied = (embedding,)
 
     def _load_quantized(self, param: nn.Parameter, qt: QuantizedTensor) -> None:
-        super()._load_quantized(param, qt)
-        self.head, self.quantized = QuantizedMatmul(qt), None  # an untied head only multiplies
+        super()._load_quantized(param, qt)  # this rank's rows
+        self.head, self.quantized = self.quantized.build_matmul(), None  # it only multiplies
 
     def _quantized_matmul(self) -> QuantizedMatmul | None:
         if self._tied and self._tied[0].quantized is not None:
@@ -85,8 +91,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         matmul = self._quantized_matmul()
         if matmul is not None:
-            return matmul(hidden)[:, : self.vocab_size]  # [B, V]
-        logits = self._linear(hidden, self.weight)  # [B, V / tp]
+            logits = matmul(hidden)  # [B, V / tp]
+        else:
+            logits = self._linear(hidden, self.weight)  # [B, V / tp]
         if self.tp_size > 1:
             logits = tp_all_gather(logits, dim=-1)
         return logits[:, : self.vocab_size]

@@ -60,6 +60,17 @@ _scratch = torch.empty(0)
 def run(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
     """The layer's output for a decode-only step (in place in `hidden`), or None when the C
     path does not apply and the caller must run its own forward."""
+    return _run(layer, positions, hidden, attention_only=False)
+
+
+def run_attention(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+    """`hidden + self_attn(input_layernorm(hidden))` for a decode-only step, in place in
+    `hidden` (the MLP is not run, nor need it have C kernels: a mixture-of-experts layer's
+    sparse MLP runs in kernels/cpu_moe.c), or None where the C path does not apply."""
+    return _run(layer, positions, hidden, attention_only=True)
+
+
+def _run(layer, positions: torch.Tensor, hidden: torch.Tensor, attention_only: bool):
     if not ENABLED or hidden.dim() != 2 or hidden.shape[0] > MAX_TOKENS:
         return None
     if hidden.dtype != torch.float32 or hidden.device.type != "cpu" or not hidden.is_contiguous():
@@ -67,14 +78,15 @@ def run(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | 
     meta = get_forward_context()
     if meta.prefills or meta.decode_key_slots is None:
         return None
-    spec = _spec_of(layer)
+    spec = _spec_of(layer, attention_only)
     if spec is None:
         return None
     tokens, threads = hidden.shape[0], torch.get_num_threads()
     key_slots, lens = meta.decode_key_slots, meta.decode_context_lens
     lib = _library()
     scratch = _scratch_for(lib.axon_decode_layer_scratch(spec, tokens, key_slots.shape[1], threads))
-    status = lib.axon_decode_layer(
+    decode = lib.axon_decode_attention if attention_only else lib.axon_decode_layer
+    status = decode(
         spec, hidden.data_ptr(), tokens, positions.data_ptr(), meta.slot_mapping.data_ptr(),
         key_slots.data_ptr(), key_slots.shape[1], lens.data_ptr(), scratch.data_ptr(), threads,
     )  # fmt: skip
@@ -98,34 +110,37 @@ def _library() -> ctypes.CDLL | None:
     layer = ctypes.POINTER(_Layer)
     lib.axon_decode_layer_scratch.argtypes = [layer, _i64, _i64, ctypes.c_int]
     lib.axon_decode_layer_scratch.restype = _i64
-    lib.axon_decode_layer.argtypes = [
-        *(layer, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, ctypes.c_int)
-    ]
+    for decode in (lib.axon_decode_layer, lib.axon_decode_attention):
+        decode.argtypes = [*(layer, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, ctypes.c_int)]
     return lib
 
 
-def _spec_of(layer) -> _Layer | None:
-    """The layer's C description, built once (again if the KV cache moved); None if unsupported."""
-    cached = getattr(layer, "_fused_decode_spec", None)
+def _spec_of(layer, attention_only: bool = False) -> _Layer | None:
+    """The layer's C description, built once (again if the KV cache moved); None if unsupported.
+    With attention_only, the MLP half is left out (zero projections)."""
+    key = "_fused_attention_spec" if attention_only else "_fused_decode_spec"
+    cached = getattr(layer, key, None)
     if cached is _UNSUPPORTED:
         return None
     attn = layer.self_attn.attn
     if cached is not None and cached.k_cache == attn.k_cache.data_ptr():
         return cached
-    spec = _build_spec(layer)
-    layer._fused_decode_spec = _UNSUPPORTED if spec is None else spec
+    spec = _build_spec(layer, attention_only)
+    setattr(layer, key, _UNSUPPORTED if spec is None else spec)
     return spec
 
 
-def _build_spec(layer) -> _Layer | None:
-    self_attn, mlp = layer.self_attn, layer.mlp
+def _build_spec(layer, attention_only: bool = False) -> _Layer | None:
+    self_attn = layer.self_attn
     if _library() is None:
         return None
-    projections = [self_attn.qkv_proj, self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    projections = [self_attn.qkv_proj, self_attn.o_proj]
+    if not attention_only:
+        projections += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
     if any(p.bias is not None for p in projections[1:]) or self_attn.o_proj.tp_size != 1:
         return None
     weights = [_weights_of(p) for p in projections]
-    activation = _activation_of(mlp.act_fn)
+    activation = 0 if attention_only else _activation_of(layer.mlp.act_fn)
     attn, rope = self_attn.attn, self_attn.rotary_emb
     tensors = [attn.k_cache, layer.input_layernorm.weight, rope.inv_freq]
     if None in weights or activation is None or not all(_is_f32(t) for t in tensors):
@@ -134,7 +149,8 @@ def _build_spec(layer) -> _Layer | None:
     norm = layer.input_layernorm
     spec = _Layer(
         hidden=norm.weight.shape[0], heads=attn.num_heads, kv_heads=attn.num_kv_heads,
-        head_dim=attn.head_dim, rotary_dim=rope.rotary_dim, inter=weights[3].cols,
+        head_dim=attn.head_dim, rotary_dim=rope.rotary_dim,
+        inter=0 if attention_only else weights[3].cols,
         window=attn.sliding_window or 0, eps=norm.eps, scale=attn.scale,
         softcap=attn.logit_softcap or 0.0, unit_offset=int(norm.unit_offset),
         activation=activation, input_norm=norm.weight.data_ptr(),
@@ -148,8 +164,9 @@ def _build_spec(layer) -> _Layer | None:
         qkv_bias=_ptr_of(self_attn.qkv_proj, "bias"), inv_freq=rope.inv_freq.data_ptr(),
         k_cache=attn.k_cache.data_ptr(), v_cache=attn.v_cache.data_ptr(),
         qkv=_projection(weights[0]), o=_projection(weights[1]),
-        gate_up=_projection(weights[2]), down=_projection(weights[3]),
     )  # fmt: skip
+    if not attention_only:
+        spec.gate_up, spec.down = _projection(weights[2]), _projection(weights[3])
     spec._keep = weights  # the prepared weights (and their bytes) stay alive with the spec
     return spec
 

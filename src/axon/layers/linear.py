@@ -47,12 +47,19 @@ def divide(numerator: int, denominator: int) -> int:
     return numerator // denominator
 
 
+def materialize(loaded) -> torch.Tensor:
+    """A checkpoint tensor as a tensor: a lazy slice of the file (a tensor-parallel rank's
+    shard, see loader/safetensors.py) is read now; a tensor is returned as it is."""
+    read = getattr(loaded, "materialize", None)
+    return loaded if read is None else read()
+
+
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
     if param.shape != loaded.shape:
         raise ValueError(
             f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}"
         )
-    param.data.copy_(loaded)
+    param.data.copy_(materialize(loaded))
 
 
 class LinearBase(nn.Module):
@@ -82,16 +89,21 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded)
 
     def part_rows(self, shard_id) -> int:
-        """Output rows of one checkpoint part (the whole layer when unfused)."""
+        """This rank's output rows of one checkpoint part (the whole layer when unfused)."""
         return self.output_size
+
+    def quantized_shard(self, qt: QuantizedTensor, shard_id) -> QuantizedTensor:
+        """This rank's part of a GGUF weight, as views of its bytes (replicated: all of it)."""
+        return qt
 
     def part_order(self) -> list[str]:
         return ["None"]
 
     def _load_quantized(self, param: nn.Parameter, qt: QuantizedTensor, shard_id) -> None:
-        """Keep a GGUF weight (or one fused part of it) quantized; the dense one is dropped."""
-        if self.tp_size != 1:
-            raise ValueError("quantized (GGUF) weights need tensor-parallel size 1")
+        """Keep a GGUF weight (or one fused part of it) quantized; the dense one is dropped.
+        A tensor-parallel rank keeps its own shard, copied out of the mapped file."""
+        if self.tp_size > 1 and param is self.weight:
+            qt = self.quantized_shard(qt, shard_id).owned()
         expected = (self.part_rows(shard_id), self.input_size)
         if param is not self.weight or tuple(qt.shape) != expected:
             raise ValueError(
@@ -128,6 +140,9 @@ class ColumnParallelLinear(LinearBase):
         size = param.shape[0]
         default_weight_loader(param, loaded.narrow(0, self.tp_rank * size, size))
 
+    def quantized_shard(self, qt: QuantizedTensor, shard_id) -> QuantizedTensor:
+        return qt.narrow(0, self.tp_rank * self.output_size, self.output_size)
+
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of one input in one matmul (e.g. gate_up_proj)."""
@@ -143,10 +158,52 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         default_weight_loader(param.data.narrow(0, offset, size), shard)
 
     def part_rows(self, shard_id) -> int:
-        return self.output_sizes[shard_id]
+        return self.output_sizes[shard_id] // self.tp_size
+
+    def quantized_shard(self, qt: QuantizedTensor, shard_id) -> QuantizedTensor:
+        size = self.part_rows(shard_id)
+        return qt.narrow(0, self.tp_rank * size, size)
 
     def part_order(self) -> list[str]:
         return [str(i) for i in range(len(self.output_sizes))]
+
+
+def load_regions(
+    param: torch.Tensor, loaded, region_sizes: list[int], rank: int, tp_size: int
+) -> None:
+    """Load this rank's part of every region of dim 0 (`region_sizes`, in order) of one
+    checkpoint tensor into `param`, the parts concatenated: rank r holds the r-th 1/tp_size
+    of each region. One rank loads the tensor whole."""
+    if tp_size == 1:
+        default_weight_loader(param, loaded)
+        return
+    start, offset = 0, 0
+    for size in region_sizes:
+        part = divide(size, tp_size)
+        shard = loaded.narrow(0, start + rank * part, part)
+        default_weight_loader(param.data.narrow(0, offset, part), shard)
+        start, offset = start + size, offset + part
+
+
+class RegionParallelLinear(ColumnParallelLinear):
+    """One checkpoint projection whose output is several regions (Gated DeltaNet's fused
+    q | k | v), each split across ranks by heads. Its checkpoint tensor is one part, so GGUF
+    (one rank) loads it as any unfused linear."""
+
+    def __init__(self, input_size: int, region_sizes: list[int], bias: bool = False):
+        self.region_sizes = region_sizes
+        super().__init__(input_size, sum(region_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        load_regions(param, loaded, self.region_sizes, self.tp_rank, self.tp_size)
+
+    def quantized_shard(self, qt: QuantizedTensor, shard_id) -> QuantizedTensor:
+        parts, start = [], 0
+        for size in self.region_sizes:
+            part = divide(size, self.tp_size)
+            parts.append(qt.narrow(0, start + self.tp_rank * part, part))
+            start += size
+        return QuantizedTensor.cat_rows(parts)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -177,6 +234,11 @@ class QKVParallelLinear(ColumnParallelLinear):
         heads = self.num_heads if shard_id == "q" else self.num_kv_heads
         return heads * self.head_dim
 
+    def quantized_shard(self, qt: QuantizedTensor, shard_id) -> QuantizedTensor:
+        size = self.part_rows(shard_id)
+        rank = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
+        return qt.narrow(0, rank * size, size)
+
     def part_order(self) -> list[str]:
         return ["q", "k", "v"]
 
@@ -194,6 +256,21 @@ class RowParallelLinear(LinearBase):
         size = param.shape[1]
         default_weight_loader(param, loaded.narrow(1, self.tp_rank * size, size))
 
+    def quantized_shard(self, qt: QuantizedTensor, shard_id) -> QuantizedTensor:
+        """Whole quant blocks of every row: the per-rank input width must be a multiple of the
+        block size (the server's preflight refuses such a file with a 422 first)."""
+        size = self.input_size
+        if size % qt.block_size:
+            raise ValueError(
+                f"row-parallel {qt.type_name} weight {qt.shape}: {size} input columns per rank "
+                f"(tensor_parallel_size {self.tp_size}) is not a multiple of its "
+                f"{qt.block_size}-column quant block"
+            )
+        return qt.narrow(1, self.tp_rank * size, size)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None
-        return tp_all_reduce(self._matmul(x, bias))
+        out = self._matmul(x, bias)  # [T, out], this rank's partial sum
+        # By the layer's own size, not the process's group: a single-rank model in a process
+        # that also holds a tensor-parallel one must not reduce.
+        return tp_all_reduce(out) if self.tp_size > 1 else out

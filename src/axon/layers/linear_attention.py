@@ -25,8 +25,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from axon.distributed.parallel_state import get_tp_rank, get_tp_size
 from axon.layers.forward_context import PrefillChunk, get_forward_context
-from axon.layers.linear import ReplicatedLinear, default_weight_loader
+from axon.layers.linear import (
+    ColumnParallelLinear,
+    RegionParallelLinear,
+    RowParallelLinear,
+    default_weight_loader,
+    divide,
+    load_regions,
+    materialize,
+)
 
 try:  # FLA's Triton kernels: an optional GPU fast path with the same semantics
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
@@ -215,9 +224,14 @@ class GatedDeltaNet(nn.Module):
                 f"value_head_order must be one of {VALUE_HEAD_ORDERS}, got {value_head_order!r}"
             )
         self.value_head_order = value_head_order
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        if value_head_order == "tiled" and self.tp_size > 1:
+            raise ValueError("tiled value heads (GGUF) need tensor-parallel size 1")
         hidden = config.hidden_size
-        self.num_k_heads = config.linear_num_key_heads
-        self.num_v_heads = config.linear_num_value_heads
+        # This rank's heads: key heads and the value heads that read them ("grouped" order
+        # keeps them together), so every head's state lives on one rank.
+        self.num_k_heads = divide(config.linear_num_key_heads, self.tp_size)
+        self.num_v_heads = divide(config.linear_num_value_heads, self.tp_size)
         self.head_k_dim = config.linear_key_head_dim
         self.head_v_dim = config.linear_value_head_dim
         self.key_dim = self.num_k_heads * self.head_k_dim
@@ -225,25 +239,41 @@ class GatedDeltaNet(nn.Module):
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel_size = config.linear_conv_kernel_dim
         self.scale = self.head_k_dim**-0.5
-        self.in_proj_qkv = ReplicatedLinear(hidden, self.conv_dim)
-        self.in_proj_z = ReplicatedLinear(hidden, self.value_dim)
-        self.in_proj_b = ReplicatedLinear(hidden, self.num_v_heads)
-        self.in_proj_a = ReplicatedLinear(hidden, self.num_v_heads)
+        # The fused projection and the conv channels are q | k | v: each region splits by head.
+        total_key_dim, total_value_dim = self.key_dim * self.tp_size, self.value_dim * self.tp_size
+        self.regions = [total_key_dim, total_key_dim, total_value_dim]
+        self.in_proj_qkv = RegionParallelLinear(hidden, self.regions)
+        self.in_proj_z = ColumnParallelLinear(hidden, total_value_dim)
+        self.in_proj_b = ColumnParallelLinear(hidden, config.linear_num_value_heads)
+        self.in_proj_a = ColumnParallelLinear(hidden, config.linear_num_value_heads)
         self.conv1d = DepthwiseConv1d(self.conv_dim, self.conv_kernel_size)
+        self.conv1d.weight.weight_loader = self._load_conv
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads), requires_grad=False)
+        self.dt_bias.weight_loader = self._load_per_head
         decay = torch.full((self.num_v_heads,), -1.0, dtype=torch.float32)  # fp32 in any dtype
         self.A = nn.Parameter(decay, requires_grad=False)
         self.A.weight_loader = self._load_decay
-        self.norm = RMSNormGated(self.head_v_dim, config.rms_norm_eps)
-        self.out_proj = ReplicatedLinear(self.value_dim, hidden)
+        self.norm = RMSNormGated(self.head_v_dim, config.rms_norm_eps)  # per head: local
+        self.out_proj = RowParallelLinear(total_value_dim, hidden)
         self.conv_state = torch.empty(0)  # [slots, C, K-1], bound by the runner
         self.recurrent_state = torch.empty(0)  # [slots, Hv, Dk, Dv] fp32, bound by the runner
+
+    def _load_conv(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        load_regions(param, loaded, self.regions, self.tp_rank, self.tp_size)
+
+    def _load_per_head(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """A per-value-head vector: this rank's heads of it."""
+        if self.tp_size > 1:
+            loaded = loaded.narrow(0, self.tp_rank * self.num_v_heads, self.num_v_heads)
+        default_weight_loader(param, loaded)
 
     def _load_decay(self, param: nn.Parameter, loaded: torch.Tensor, form=None) -> None:
         """Load `A` itself, or (form "A_log") `-exp(A_log)` exactly as transformers computes it:
         A_log held in the model dtype (dt_bias's), exponentiated in fp32."""
+        if self.tp_size > 1:
+            loaded = loaded.narrow(0, self.tp_rank * self.num_v_heads, self.num_v_heads)
         if form == "A_log":
-            loaded = -loaded.to(self.dt_bias.dtype).float().exp()
+            loaded = -materialize(loaded).to(self.dt_bias.dtype).float().exp()
         default_weight_loader(param, loaded)
 
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from axon.kernels import ggml_cpu
@@ -42,6 +42,50 @@ class QuantizedTensor:
     @property
     def type_name(self) -> str:
         return GGMLQuantizationType(self.ggml_type).name
+
+    @property
+    def block_size(self) -> int:
+        """Columns per quant block (1 for F16 / BF16): a column slice must be whole blocks."""
+        return GGML_QUANT_SIZES[T(self.ggml_type)][0]
+
+    def narrow(self, dim: int, start: int, length: int) -> QuantizedTensor:
+        """Rows (dim 0) or columns (dim 1, whole quant blocks only) [start, start + length) as
+        a view of the same bytes: a tensor-parallel rank's shard, read from the mapped file
+        only when copied (`owned`). Raises ValueError naming the sizes when the columns do not
+        fall on block boundaries or the range is outside the tensor."""
+        rows, cols = self.shape
+        if start < 0 or length < 0 or start + length > self.shape[dim]:
+            raise ValueError(f"narrow({dim}, {start}, {length}) outside shape {self.shape}")
+        if dim == 0:
+            rows_data = self.data[start : start + length]
+            return QuantizedTensor(self.ggml_type, rows_data, (length, cols))
+        block, block_bytes = GGML_QUANT_SIZES[T(self.ggml_type)]
+        if start % block or length % block:
+            raise ValueError(
+                f"{self.type_name} weight {self.shape}: columns [{start}, {start + length}) "
+                f"do not fall on its {block}-column quant blocks"
+            )
+        first, width = start // block * block_bytes, length // block * block_bytes
+        return QuantizedTensor(self.ggml_type, self.data[:, first : first + width], (rows, length))
+
+    def owned(self) -> QuantizedTensor:
+        """The same tensor in memory of its own, contiguous (a shard out of the mapped file)."""
+        data = self.data.clone(memory_format=torch.contiguous_format)
+        return QuantizedTensor(self.ggml_type, data, self.shape)
+
+    def padded(self, rows: int) -> QuantizedTensor:
+        """The tensor with zero rows appended up to `rows` (zero bytes dequantize to 0.0 in
+        every GGML format): the last rank's vocab shard, as long as the others'."""
+        if rows == self.shape[0]:
+            return self
+        pad = self.data.new_zeros(rows - self.shape[0], self.data.shape[1])
+        return QuantizedTensor(self.ggml_type, torch.cat([self.data, pad]), (rows, self.shape[1]))
+
+    @staticmethod
+    def cat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
+        """The parts' rows, in order, in one tensor (a copy)."""
+        data = torch.cat([part.data for part in parts])
+        return QuantizedTensor(parts[0].ggml_type, data, (data.shape[0], parts[0].shape[1]))
 
     def dequantize(self) -> torch.Tensor:
         """The whole tensor, float32 [rows, cols]."""

@@ -6,11 +6,13 @@ that form; F32 tensors and every 1-D tensor come out as float32 tensors. llama.c
 changes some tensors, and what it changes is undone here: for the `llama` architecture it permutes
 the rows of q/k for its interleaved RoPE (we use the neox layout); for Gemma and Qwen3.5 it stores
 RMSNorm weights as `w + 1` (our norms compute `(1 + w)`; Qwen3.5's gated GDN norm is left as is);
-for Qwen3.5 (`qwen35`) it squeezes the conv1d weight to [C, K]. Two Qwen3.5 changes are kept
-instead, because the GDN layer runs on them directly: `ssm_a` holds `A = -exp(A_log)` (the
-layer's `A`), and the value heads are in "tiled" order, which the config announces
-(`linear_value_head_order`) so the layer expands its key heads to match. Multi-token-prediction
-blocks (`nextn`) are skipped.
+for Qwen3.5 (`qwen35`, and `qwen35moe` likewise) it squeezes the conv1d weight to [C, K]. Two
+Qwen3.5 changes are kept instead, because the GDN layer runs on them directly: `ssm_a` holds
+`A = -exp(A_log)` (the layer's `A`), and the value heads are in "tiled" order, which the config
+announces (`linear_value_head_order`) so the layer expands its key heads to match.
+Multi-token-prediction blocks (`nextn`) are skipped. Mixture-of-experts files (`qwen3moe`,
+`qwen35moe`) stack a layer's experts in 3-D `ffn_{gate,up,down}_exps` tensors, yielded one
+expert at a time (quantized ones as views of the one copy of their blocks).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import math
 import re
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from axon.layers.quantized import QuantizedTensor
 from axon.loader.gguf_reader import BulkGGUFReader
@@ -36,8 +40,11 @@ _MODEL_TYPES = {
     "qwen3": "qwen3",
     "gemma3": "gemma3_text",
     "qwen35": "qwen3_5_text",
+    "qwen3moe": "qwen3_moe",
+    "qwen35moe": "qwen3_5_moe_text",
 }
-_UNIT_OFFSET_NORM_ARCHS = ("gemma3", "qwen35")
+_UNIT_OFFSET_NORM_ARCHS = ("gemma3", "qwen35", "qwen35moe")
+_QWEN35_ARCHS = ("qwen35", "qwen35moe")
 _F32_TYPES = (GGMLQuantizationType.F32,)
 
 _GLOBAL_NAMES = {
@@ -77,11 +84,30 @@ _QWEN35_LAYER_NAMES = {
     "ssm_norm": "linear_attn.norm",
     "ssm_out": "linear_attn.out_proj",
 }
-_LAYER_NAMES_BY_ARCH = {"gemma3": _GEMMA3_LAYER_NAMES, "qwen35": _QWEN35_LAYER_NAMES}
-# Layer tensors that are bare parameters, not a module's weight or bias.
-_LAYER_PARAMS_BY_ARCH = {
-    "qwen35": {"ssm_a": "linear_attn.A", "ssm_dt.bias": "linear_attn.dt_bias"},
+# Mixture of experts: the router, and every expert of a layer stacked in one 3-D tensor, which
+# `iterate_gguf` yields one expert at a time under the HF per-expert names.
+_EXPERT_NAMES = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
+# Qwen3.5-MoE's shared expert and its sigmoid gate (`ffn_gate_inp_shexp`, [1, H]).
+_SHARED_EXPERT_NAMES = {
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+_LAYER_NAMES_BY_ARCH = {
+    "gemma3": _GEMMA3_LAYER_NAMES,
+    "qwen35": _QWEN35_LAYER_NAMES,
+    "qwen3moe": {**_LAYER_NAMES, **_EXPERT_NAMES},
+    "qwen35moe": {**_QWEN35_LAYER_NAMES, **_EXPERT_NAMES, **_SHARED_EXPERT_NAMES},
+}
+# Layer tensors that are bare parameters, not a module's weight or bias.
+_QWEN35_LAYER_PARAMS = {"ssm_a": "linear_attn.A", "ssm_dt.bias": "linear_attn.dt_bias"}
+_LAYER_PARAMS_BY_ARCH = {"qwen35": _QWEN35_LAYER_PARAMS, "qwen35moe": _QWEN35_LAYER_PARAMS}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)$")
 
 
@@ -93,10 +119,12 @@ def open_gguf(path: str) -> GGUFReader:
     return BulkGGUFReader(path, "r")
 
 
-def iterate_gguf_file(path: str) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+def iterate_gguf_file(
+    path: str, mapped: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """`iterate_gguf` of the file at `path`; forgets the cached reader when done."""
     try:
-        yield from iterate_gguf(open_gguf(str(path)))
+        yield from iterate_gguf(open_gguf(str(path)), mapped)
     finally:
         open_gguf.cache_clear()
         release_freed_memory()
@@ -173,8 +201,9 @@ def _row_fix(reader: GGUFReader, arch: str, name: str):
     return None
 
 
-def _to_torch(tensor, arch: str, heads: int | None):
-    """One reader tensor -> a float32 tensor or a QuantizedTensor (HF shape, rows unpermuted)."""
+def _to_torch(tensor, arch: str, heads: int | None, mapped: bool = False):
+    """One reader tensor -> a float32 tensor or a QuantizedTensor (HF shape, rows unpermuted);
+    `mapped`: quantized bytes as a view of the file (see `_raw`)."""
     shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists dims fastest-first
     data = tensor.data
     if heads is not None:
@@ -184,18 +213,29 @@ def _to_torch(tensor, arch: str, heads: int | None):
             qt = QuantizedTensor(tensor.tensor_type, _raw(data, 1), (1, shape[0]))
             return qt.dequantize().reshape(shape)
         return torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)
-    rows = shape[0]
-    return QuantizedTensor(int(tensor.tensor_type), _raw(data, rows), shape)
+    rows = math.prod(shape[:-1])  # 3-D experts [E, N, K]: E * N rows of K
+    raw = _raw(data, rows, mapped)
+    return QuantizedTensor(int(tensor.tensor_type), raw, (rows, shape[-1]))
 
 
-def _raw(data: np.ndarray, rows: int) -> torch.Tensor:
-    """Copy the mmapped bytes into a uint8 tensor [rows, row_bytes]."""
-    return torch.from_numpy(np.array(data).view(np.uint8).reshape(rows, -1).copy())
+def _raw(data: np.ndarray, rows: int, mapped: bool = False) -> torch.Tensor:
+    """The mmapped bytes as a uint8 tensor [rows, row_bytes]: a copy, or with `mapped` (a
+    tensor-parallel rank) a view of the file, which the rank narrows to its shard and copies
+    only that: no rank reads, let alone dequantizes, a whole tensor it does not own."""
+    array = np.asarray(data).view(np.uint8).reshape(rows, -1)
+    if not mapped:
+        return torch.from_numpy(array.copy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only map; nothing writes to it
+        return torch.from_numpy(array)
 
 
-def iterate_gguf(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
-    """Yield (hf_name, tensor) for every tensor of the text model. Raises ValueError naming a
-    tensor that maps to no HF name."""
+def iterate_gguf(
+    reader: GGUFReader, mapped: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    """Yield (hf_name, tensor) for every tensor of the text model (`mapped`: quantized ones
+    as views of the file, see `_raw`). Raises ValueError naming a tensor that maps to no HF
+    name."""
     arch = architecture(reader)
     num_layers = num_text_layers(reader, arch)
     for tensor in reader.tensors:
@@ -204,8 +244,25 @@ def iterate_gguf(reader: GGUFReader) -> Iterator[tuple[str, torch.Tensor | Quant
         name = hf_name(tensor.name, arch)
         if name is None:
             raise ValueError(f"GGUF tensor {tensor.name!r} has no HF counterpart for {arch}")
-        value = _to_torch(tensor, arch, _row_fix(reader, arch, tensor.name))
-        yield name, _undo_converter(name, value, arch)
+        value = _to_torch(tensor, arch, _row_fix(reader, arch, tensor.name), mapped)
+        if len(tensor.shape) == 3:
+            yield from _per_expert(name, value, int(tensor.shape[2]))
+        else:
+            yield name, _undo_converter(name, value, arch)
+
+
+def _per_expert(name: str, value, num_experts: int):
+    """`<mlp>.experts.gate_proj.weight` stacked [E, N, K] -> (`<mlp>.experts.e.gate_proj.weight`,
+    [N, K]) for each expert e; quantized slices are views of the one copy of the bytes."""
+    mlp, proj = name.rsplit(".experts.", 1)
+    for expert in range(num_experts):
+        if isinstance(value, QuantizedTensor):
+            rows = value.shape[0] // num_experts
+            part = value.data[expert * rows : (expert + 1) * rows]
+            part = QuantizedTensor(value.ggml_type, part, (rows, value.shape[1]))
+        else:
+            part = value[expert]
+        yield f"{mlp}.experts.{expert}.{proj}", part
 
 
 def _layer_index(gguf_name: str) -> int:
@@ -219,8 +276,32 @@ def _undo_converter(name: str, value, arch: str):
     gated_norm = name.endswith("linear_attn.norm.weight")  # the GDN's own norm: stored as is
     if arch in _UNIT_OFFSET_NORM_ARCHS and name.endswith("norm.weight") and not gated_norm:
         return value - 1.0  # stored as w + 1
-    if arch == "qwen35" and name.endswith("conv1d.weight"):
+    if arch in _QWEN35_ARCHS and name.endswith("conv1d.weight"):
         if isinstance(value, QuantizedTensor):  # a depthwise conv, never a matmul
             value = value.dequantize()
         return value.unsqueeze(1)  # stored squeezed: [C, K] -> [C, 1, K]
     return value
+
+
+# Tensors split by input columns under tensor parallelism (RowParallelLinear).
+_ROW_PARALLEL = ("attn_output.weight", "ffn_down.weight", "ssm_out.weight")
+
+
+def tp_split_problem(path: str, tp_size: int) -> str | None:
+    """Why the GGUF file at `path` cannot be split over `tp_size` ranks, or None when it can.
+    Column-parallel tensors split by whole rows, which always fall on quant blocks; a
+    row-parallel one splits every row, so its per-rank input width must be whole blocks."""
+    for tensor in open_gguf(str(path)).tensors:
+        if not tensor.name.endswith(_ROW_PARALLEL) or len(tensor.shape) != 2:
+            continue
+        columns, rows = (int(n) for n in tensor.shape)  # GGUF lists dims fastest-first
+        block = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.tensor_type)][0]
+        if columns % tp_size or (columns // tp_size) % block:
+            kind = GGMLQuantizationType(tensor.tensor_type).name
+            return (
+                f"GGUF tensor {tensor.name} ({kind}, {rows}x{columns}) is split by input "
+                f"columns under tensor parallelism: {columns} / tensor_parallel_size "
+                f"{tp_size} = {columns / tp_size:g} columns per rank, not a multiple of its "
+                f"{block}-column quant block"
+            )
+    return None

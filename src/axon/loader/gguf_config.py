@@ -12,8 +12,8 @@ GEMMA3_SWA_ROPE_BASE = 10_000.0
 
 
 def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
-    """The HF config (model_type one of llama, qwen2, qwen3, gemma3_text, qwen3_5_text) of a GGUF
-    file."""
+    """The HF config (model_type one of llama, qwen2, qwen3, gemma3_text, qwen3_5_text,
+    qwen3_moe, qwen3_5_moe_text) of a GGUF file."""
     arch = architecture(reader)
 
     def get(key: str, default=None):
@@ -25,7 +25,7 @@ def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
     kwargs = dict(
         num_hidden_layers=num_text_layers(reader, arch),
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
+        intermediate_size=int(get("feed_forward_length", 0)),  # absent: no dense MLP (MoE)
         num_attention_heads=heads,
         num_key_value_heads=int(get("attention.head_count_kv", heads)),
         head_dim=int(get("attention.key_length", hidden // heads)),
@@ -40,8 +40,10 @@ def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
     if arch == "gemma3":
         kwargs.update(_gemma3_kwargs(reader, kwargs))
-    if arch == "qwen35":
-        kwargs.update(_qwen35_kwargs(reader, kwargs))
+    if arch in ("qwen35", "qwen35moe"):
+        kwargs.update(_qwen35_kwargs(reader, arch, kwargs))
+    if arch in ("qwen3moe", "qwen35moe"):
+        kwargs.update(_moe_kwargs(reader, arch, names, kwargs["num_hidden_layers"]))
     return AutoConfig.for_model(_MODEL_TYPES[arch], **kwargs)
 
 
@@ -96,13 +98,13 @@ def _gemma3_kwargs(reader: GGUFReader, kwargs: dict) -> dict:
     return out
 
 
-def _qwen35_kwargs(reader: GGUFReader, kwargs: dict) -> dict:
-    """Qwen3.5's Gated DeltaNet sizes, layer schedule and partial M-RoPE (llama.cpp's names:
-    `ssm.group_count` key heads, `ssm.time_step_rank` value heads, `ssm.state_size` the key head
-    dim, `ssm.inner_size` all value heads' width)."""
+def _qwen35_kwargs(reader: GGUFReader, arch: str, kwargs: dict) -> dict:
+    """Qwen3.5's (and Qwen3.5-MoE's) Gated DeltaNet sizes, layer schedule and partial M-RoPE
+    (llama.cpp's names: `ssm.group_count` key heads, `ssm.time_step_rank` value heads,
+    `ssm.state_size` the key head dim, `ssm.inner_size` all value heads' width)."""
 
     def get(key: str, default=None):
-        return field_value(reader, f"qwen35.{key}", default)
+        return field_value(reader, f"{arch}.{key}", default)
 
     num_layers, head_dim = kwargs["num_hidden_layers"], kwargs["head_dim"]
     num_v_heads = int(get("ssm.time_step_rank"))
@@ -127,3 +129,26 @@ def _qwen35_kwargs(reader: GGUFReader, kwargs: dict) -> dict:
         # The converter reorders the GDN value heads from HF's grouped order to tiled.
         "linear_value_head_order": "tiled",
     }
+
+
+def _moe_kwargs(reader: GGUFReader, arch: str, names: set[str], num_layers: int) -> dict:
+    """Expert counts and widths. `qwen3moe`: a layer without `ffn_gate_exps` is dense
+    (`mlp_only_layers`), and llama.cpp always renormalises the top-k weights (`norm_topk_prob`).
+    `qwen35moe`: every layer is sparse, with a shared expert."""
+
+    def get(key: str, default=None):
+        return field_value(reader, f"{arch}.{key}", default)
+
+    out = {
+        "num_experts": int(get("expert_count")),
+        "num_experts_per_tok": int(get("expert_used_count")),
+        "moe_intermediate_size": int(get("expert_feed_forward_length")),
+    }
+    if arch == "qwen35moe":
+        out["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
+        return out
+    sparse = [f"blk.{i}.ffn_gate_exps.weight" in names for i in range(num_layers)]
+    out["norm_topk_prob"] = bool(get("expert_weights_norm", True))
+    out["decoder_sparse_step"] = 1
+    out["mlp_only_layers"] = [i for i, is_sparse in enumerate(sparse) if not is_sparse]
+    return out

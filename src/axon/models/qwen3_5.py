@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from axon.distributed.parallel_state import get_tp_size
 from axon.layers.attention import Attention
 from axon.layers.linear import QKVParallelLinear, RowParallelLinear
 from axon.layers.linear_attention import GatedDeltaNet
@@ -51,14 +50,16 @@ class Qwen3_5Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.head_dim = head_dim_of(config)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        total_heads = config.num_attention_heads
         bias = getattr(config, "attention_bias", False)
-        # q_proj is [query_h | gate_h] per head: as 2H "heads" it fuses like any q projection.
+        # q_proj is [query_h | gate_h] per head: as 2H "heads" it fuses (and splits across
+        # ranks, a head's query and gate together) like any q projection.
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, 2 * self.num_heads, self.num_kv_heads, bias
+            config.hidden_size, self.head_dim, 2 * total_heads, config.num_key_value_heads, bias
         )
-        self.o_proj = RowParallelLinear(self.num_heads * self.head_dim, config.hidden_size, bias)
+        self.num_heads = self.qkv_proj.num_heads // 2  # this rank's
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
         self.rotary_emb = rotary_of(config, self.head_dim)
@@ -78,6 +79,8 @@ class Qwen3_5Attention(nn.Module):
 
 
 class Qwen3_5DecoderLayer(nn.Module):
+    mlp_cls: type[nn.Module] = LlamaMLP  # Qwen3.5-MoE: routed experts plus a shared one
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.layer_type = config.layer_types[layer_idx]
@@ -88,7 +91,7 @@ class Qwen3_5DecoderLayer(nn.Module):
             self.self_attn = Qwen3_5Attention(config)
         else:
             raise ValueError(f"unsupported qwen3_5 layer type {self.layer_type!r}")
-        self.mlp = LlamaMLP(config)
+        self.mlp = self.mlp_cls(config)
         size, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(size, eps, unit_offset=True)
         self.post_attention_layernorm = RMSNorm(size, eps, unit_offset=True)
@@ -117,8 +120,6 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
     ignored_checkpoint_prefixes = ("model.visual.", "mtp.")
 
     def __init__(self, config):
-        if get_tp_size() > 1:
-            raise ValueError("qwen3_5 does not support tensor parallelism yet (use tp size 1)")
         # A multimodal config decides tying at its top level, as transformers does.
         tied = bool(getattr(config, "tie_word_embeddings", False))
         text_config = config.get_text_config()

@@ -134,6 +134,26 @@ class ProcessorConfig:
             fixed_side=fixed_side if fixed_side is not None else self.fixed_side,
         )
 
+    @classmethod
+    def for_engine(
+        cls, model_dir: str | Path, max_image_pixels: int | None, image_profile: str
+    ) -> ProcessorConfig:
+        """A checkpoint's preprocessor_config.json under an engine's limits (EngineConfig's
+        `max_image_pixels` and `image_profile`): what the server preprocesses with and the
+        memory plan reserves for. Raises FileNotFoundError without the file."""
+        fixed_side = NEURON_FIXED_SIDE if image_profile == "fixed448" else None
+        return cls.from_file(model_dir).with_limits(max_image_pixels, fixed_side)
+
+    @property
+    def max_patches(self) -> int:
+        """Patches of the largest image this config lets through (smart resize never goes
+        above the band's top; the fixed profile resizes every image to one size)."""
+        if self.fixed_side is not None:
+            side = self.fixed_side
+            height, width = smart_resize(side, side, self.factor, self.min_pixels, self.max_pixels)
+            return height * width // self.patch_size**2
+        return self.max_pixels // self.patch_size**2
+
     def reference_kwargs(self) -> dict[str, Any]:
         """Keyword arguments that make transformers' Qwen2VLImageProcessorPil behave as this
         config (the pixel band included); for tests and for checking a deployment."""

@@ -22,6 +22,8 @@ class KVCachePlan:
     num_state_slots: int = 0
     num_state_snapshots: int = 0
     state_bytes_per_slot: int = 0
+    # Memory left out of the budget for the vision tower's activations on the largest image.
+    reserved_bytes: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -46,6 +48,8 @@ class KVCachePlan:
                 f"; state: {self.num_state_slots} slots + {self.num_state_snapshots} snapshots "
                 f"x {self.state_bytes_per_slot / 2**20:.2f} MiB"
             )
+        if self.reserved_bytes:
+            text += f"; {self.reserved_bytes / 2**20:.1f} MiB reserved for image encoding"
         return text
 
 
@@ -79,10 +83,13 @@ def state_rows_of(config) -> tuple[int, int]:
     return config.max_num_seqs, snapshots if config.enable_prefix_caching else 0
 
 
-def _cache_budget(config, device: torch.device) -> int:
+def _cache_budget(config, device: torch.device, reserve_bytes: int = 0) -> int:
+    """An explicit `kv_cache_memory` is the budget as it is; otherwise a fraction of what is
+    free once `reserve_bytes` (activations the cache must leave room for) are set aside."""
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
-    budget = int(available_memory(device) * config.kv_cache_memory_fraction)
+    free = max(available_memory(device) - reserve_bytes, 0)
+    budget = int(free * config.kv_cache_memory_fraction)
     return min(budget, _CPU_DEFAULT_CAP) if device.type == "cpu" else budget
 
 
@@ -92,11 +99,12 @@ def plan_kv_cache(
     model_max_len: int,
     device: torch.device,
     state_bytes_per_slot: int = 0,
+    reserve_bytes: int = 0,
 ) -> KVCachePlan:
     """Size the cache from `kv_cache_memory` or a fraction of free memory, never beyond what
     `max_num_seqs` sequences of `max_model_len` tokens can use. A hybrid model's state slots and
-    snapshots come out of the same budget first. Raises ValueError when what is left cannot
-    hold one block."""
+    snapshots come out of the same budget first; `reserve_bytes` (the vision tower's peak
+    activations) are left free. Raises ValueError when what is left cannot hold one block."""
     block_bytes = bytes_per_token * config.block_size
     if config.max_model_len is not None and config.max_model_len > model_max_len:
         raise ValueError(
@@ -104,7 +112,7 @@ def plan_kv_cache(
         )
     slots, snapshots = state_rows_of(config) if state_bytes_per_slot else (0, 0)
     state_bytes = (slots + snapshots) * state_bytes_per_slot
-    budget = _cache_budget(config, device) - state_bytes
+    budget = _cache_budget(config, device, reserve_bytes) - state_bytes
     wanted_len = min(config.max_model_len or model_max_len, model_max_len)
     blocks_per_seq = -(-wanted_len // config.block_size)
     num_blocks = min(max(budget, 0) // block_bytes, blocks_per_seq * config.max_num_seqs)
@@ -121,7 +129,7 @@ def plan_kv_cache(
         )
     plan = KVCachePlan(
         num_blocks, config.block_size, bytes_per_token, max_model_len,
-        slots, snapshots, state_bytes_per_slot,
+        slots, snapshots, state_bytes_per_slot, reserve_bytes,
     )  # fmt: skip
     logger.info(plan.describe())
     return plan

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -10,14 +9,15 @@ from dataclasses import dataclass, field
 import torch
 
 from axon.config import EngineConfig
+from axon.engine.pooling import resolve_task
 from axon.engine.scheduler import SchedulerOutput
 from axon.layers.attention import Attention
 from axon.layers.forward_context import AttentionMetadata, PrefillChunk, set_forward_context
 from axon.layers.linear_attention import GatedDeltaNet
-from axon.loader import iterate_weights, load_hf_config
+from axon.loader import load_hf_config, progress
 from axon.loader.weights import load_weights
-from axon.models.mrope import image_spans, mrope_positions
 from axon.models.registry import get_model_class
+from axon.runner import host_memory, images, tensor_parallel
 from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
 from axon.sampling import Sampler
 from axon.sequence import ImageInputs, Sequence
@@ -36,35 +36,66 @@ class StepBatch:
     state_saves: list[tuple[int, int]] = field(default_factory=list)  # (slot, row) after
     image_rows: torch.Tensor | None = None  # [I] rows whose embedding is an image token's
     image_values: torch.Tensor | None = None  # [I, hidden] the tower's output for those rows
+    image_deepstack: torch.Tensor | None = None  # [L, I, hidden] Qwen3-VL: their DeepStack rows
+    # Tensor parallelism: (ImageInputs, rows of its tower output) per part of image_values, in
+    # order; the other ranks run the tower on the same pixels (see tensor_parallel.py).
+    image_takes: list | None = None
+    # Embedding steps: "last" or "mean" returns pooled hidden states instead of logits, and
+    # for "mean" `pool_segments` [T] gives each row's scheduled-sequence index.
+    pooling: str | None = None
+    pool_segments: torch.Tensor | None = None
 
 
 class ModelRunner:
     """Owns the model weights, the KV cache and (hybrid models) the state slots on one device."""
 
-    def __init__(self, config: EngineConfig, hf_config=None):
+    def __init__(self, config: EngineConfig, hf_config=None, rank: int = 0, on_loaded=None):
+        """Rank 0 (the engine) spawns ranks 1..N-1 when `config.tensor_parallel_size` > 1;
+        rank > 0 is one of those (`on_loaded` tells rank 0 its shard is loaded)."""
         self.config = config
-        self.device = config.torch_device()
         self.hf_config = hf_config if hf_config is not None else load_hf_config(config.model)
         self.text_config = self.hf_config.get_text_config()
-        self.dtype = config.torch_dtype(self.hf_config)
-        self.model = self._load_model()
-        self.plan = self._allocate_kv_cache()
-        self._allocate_state_slots()
+        self.device = tensor_parallel.rank_device(config, rank)
+        self.workers = None  # the other ranks, held by rank 0 (None: a single rank)
+        if rank == 0:
+            self.workers = tensor_parallel.start_ranks(config, self.hf_config, self.device)
+        try:
+            self.dtype = config.torch_dtype(self.hf_config)
+            self.model = self._load_model(show_progress=rank == 0)
+            if self.workers is not None:
+                self.workers.expect("loaded")
+            elif on_loaded is not None:
+                on_loaded()
+            self.plan = self._allocate_kv_cache()
+            self._allocate_state_slots()
+        except BaseException:
+            self.close()
+            raise
         self.sampler = Sampler()
         self.vocab_size = self.text_config.vocab_size
 
-    def _load_model(self) -> torch.nn.Module:
+    def close(self) -> None:
+        """Stops the other tensor-parallel ranks (rank 0; nothing with a single rank)."""
+        workers, self.workers = self.workers, None
+        tensor_parallel.stop_ranks(workers)
+
+    def _load_model(self, show_progress: bool = True) -> torch.nn.Module:
         model_cls = get_model_class(self.hf_config.model_type)
         kwargs = {}
         if getattr(model_cls, "supports_vision", False):
-            kwargs["enable_vision"] = self.config.enable_vision
+            kwargs["enable_vision"] = self.config.vision_enabled
         torch.set_default_dtype(self.dtype)
         try:
-            with torch.device(self.device):
+            with torch.device(self.device), tensor_parallel.model_scope(self.config):
                 model = model_cls(self.hf_config, **kwargs)
         finally:
             torch.set_default_dtype(torch.float32)
-        load_weights(model, iterate_weights(self.config.model))
+        if resolve_task(self.config.task, self.config.model) == "embed":
+            model.optional_weights = ("lm_head.weight",)  # embedders ship without an LM head
+        weights = tensor_parallel.checkpoint_weights(self.config)
+        if show_progress:  # rank 0 speaks for every rank
+            weights = progress.track(weights, self.config.model)
+        load_weights(model, weights)
         return model.eval()
 
     def _attention_layers(self) -> list[Attention]:
@@ -87,11 +118,19 @@ class ModelRunner:
         per_token = kv_bytes_per_token(len(layers), num_kv_heads, head_dim, self.dtype)
         model_max_len = self.text_config.max_position_embeddings
         plan = plan_kv_cache(
-            self.config, per_token, model_max_len, self.device, self._state_bytes_per_slot()
+            self.config,
+            per_token,
+            model_max_len,
+            self.device,
+            self._state_bytes_per_slot(),
+            reserve_bytes=images.vision_reserve(self.model, self.config),
         )
+        if self.config.tensor_parallel_size > 1:
+            plan = tensor_parallel.agree_on_plan(plan)
         shape = (2, len(layers), plan.num_tokens, num_kv_heads, head_dim)
-        # Zeroed, so padded (masked) key slots never hold NaN or inf.
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # Zeroed, so padded (masked) key slots never hold NaN or inf; on the CPU zeroed page by
+        # page as it fills, not seconds up front (host_memory).
+        self.kv_cache = host_memory.zeros(shape, self.dtype, self.device)
         for index, layer in enumerate(layers):
             layer.k_cache = self.kv_cache[0, index]  # [slots, Hkv, D]
             layer.v_cache = self.kv_cache[1, index]
@@ -186,72 +225,52 @@ class ModelRunner:
     # ---- images -----------------------------------------------------------------------------
 
     def image_inputs(self, token_ids: list[int], pixel_values, grid_thw) -> ImageInputs:
-        """A request's images checked against its (expanded) prompt, with their M-RoPE
-        positions and content hashes. Raises ValueError without a tower or on a mismatch."""
-        model = self.model
-        if getattr(model, "visual", None) is None:
-            raise ValueError("this model has no vision tower loaded: images are not supported")
-        grids = grid_thw.tolist() if torch.is_tensor(grid_thw) else grid_thw
-        grids = [tuple(int(x) for x in grid) for grid in grids]
-        pixel_values = torch.as_tensor(pixel_values, dtype=torch.float32).cpu()
-        model.visual.check_inputs(pixel_values, grids)
-        ids = (model.spatial_merge_size, model.image_token_id, model.vision_start_token_id)
-        positions, delta = mrope_positions(token_ids, grids, *ids)
-        hashes, first = [], 0
-        for t, h, w in grids:
-            patches = pixel_values[first : first + t * h * w]
-            first += t * h * w
-            digest = hashlib.sha256(repr((t, h, w)).encode())
-            digest.update(patches.numpy().tobytes())
-            hashes.append(digest.digest())
-        spans = image_spans(token_ids, grids, *ids)
-        return ImageInputs(pixel_values, grids, spans, hashes, positions, delta)
+        """A request's images checked against its (expanded) prompt (runner/images.py)."""
+        return images.image_inputs(self.model, token_ids, pixel_values, grid_thw)
 
     @torch.inference_mode()
-    def encode_images(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
-        """The tower's output [num_merged_tokens, hidden] (model dtype, on the device)."""
+    def encode_images(self, pixel_values: torch.Tensor, grid_thw, with_deepstack: bool = False):
+        """The tower's output [num_merged_tokens, hidden] (model dtype, on the device); with
+        `with_deepstack`, the pair (that, its DeepStack features [L, num_merged_tokens, hidden],
+        None for a model without DeepStack)."""
         if getattr(self.model, "visual", None) is None:
             raise ValueError("this model has no vision tower loaded: images are not supported")
         pixel_values = pixel_values.to(self.device, self.dtype)
-        return self.model.encode_images(pixel_values, grid_thw)
-
-    @staticmethod
-    def _image_chunks(out: SchedulerOutput) -> list[tuple[Sequence, int, int, int]]:
-        """(seq, batch row, start, end) of each scheduled chunk with image-prompt tokens."""
-        chunks, row = [], 0
-        for seq, num_new in out.scheduled:
-            start = seq.num_computed_tokens
-            if seq.images is not None and start < seq.num_prompt_tokens:
-                chunks.append((seq, row, start, start + num_new))
-            row += num_new
-        return chunks
+        encode_with_deepstack = getattr(self.model, "encode_images_with_deepstack", None)
+        if with_deepstack and encode_with_deepstack is not None:
+            return encode_with_deepstack(pixel_values, grid_thw)
+        embeds = self.model.encode_images(pixel_values, grid_thw)
+        return (embeds, None) if with_deepstack else embeds
 
     def _add_images(self, batch: StepBatch, out: SchedulerOutput) -> None:
         """When a chunk covers image-prompt tokens: give `batch` M-RoPE positions [3, T] and
-        those chunks' image rows (the tower runs once per request). Else leaves it as it is."""
-        chunks = self._image_chunks(out)
+        those chunks' image rows and DeepStack features (the tower runs once per request).
+        Else leaves it as it is."""
+        chunks = images.image_chunks(out)
         if not chunks:
             return  # text and decodes only: 1-D positions, the fast path
         positions = batch.positions.expand(3, -1).clone()  # text rows: three equal rows
-        rows, values = [], []
+        rows, values, deepstack, takes = [], [], [], []
         for seq, row, start, end in chunks:
-            images = seq.images
+            inputs = seq.images
             prompt_end = min(end, seq.num_prompt_tokens)
-            prompt_positions = images.positions[:, start:prompt_end]
+            prompt_positions = inputs.positions[:, start:prompt_end]
             positions[:, row : row + prompt_end - start] = prompt_positions.to(self.device)
-            offset = 0
-            for first, count in images.spans:
-                low, high = max(first, start), min(first + count, end)
-                if low < high:  # a chunk may cut through an image: take its slice
-                    if images.embeds is None:
-                        images.embeds = self.encode_images(images.pixel_values, images.grid_thw)
-                    rows.append(torch.arange(low, high) + (row - start))
-                    values.append(images.embeds[offset + low - first : offset + high - first])
-                offset += count
+            for image_rows, taken in images.image_slices(inputs, row, start, end):
+                if inputs.embeds is None:
+                    pixels, grids = inputs.pixel_values, inputs.grid_thw
+                    inputs.embeds, inputs.deepstack = self.encode_images(pixels, grids, True)
+                rows.append(image_rows)
+                values.append(inputs.embeds[taken])
+                takes.append((inputs, taken))
+                if inputs.deepstack is not None:
+                    deepstack.append(inputs.deepstack[:, taken])
         batch.positions = positions
         if rows:
             batch.image_rows = torch.cat(rows).to(self.device)
             batch.image_values = torch.cat(values)
+            batch.image_deepstack = torch.cat(deepstack, dim=1) if deepstack else None
+            batch.image_takes = takes if self.workers is not None else None
 
     def _prefill_chunk(
         self, seq: Sequence, row: int, start: int, end: int, saves: list[tuple[int, int]]
@@ -305,10 +324,18 @@ class ModelRunner:
 
     # ---- execution --------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
-        """Logits [B, V] (float32) for the rows that sample. Hybrid models: restores prefix-hit
-        states first and copies the states due at the step's end into their snapshots after."""
+        """Logits [B, V] (float32) for the rows that sample; with several ranks, every rank
+        runs the step (rank 0 sends it the batch) and rank 0's logits are returned."""
+        if self.workers is None:
+            return self.run_forward(batch)
+        return tensor_parallel.run_step(self, batch)
+
+    @torch.inference_mode()
+    def run_forward(self, batch: StepBatch) -> torch.Tensor:
+        """This rank's forward: logits [B, V] (float32) for the rows that sample. Hybrid models:
+        restores prefix-hit states first and copies the states due at the step's end into their
+        snapshots after."""
         self._copy_states(batch.state_restores)
         with set_forward_context(batch.attn):
             if batch.image_rows is None:
@@ -316,6 +343,22 @@ class ModelRunner:
             else:
                 embeds = self.model.model.embed(batch.input_ids)  # [T, hidden]
                 embeds[batch.image_rows] = batch.image_values.to(embeds.dtype)
-                hidden = self.model(batch.input_ids, batch.positions, embeds)
+                deepstack = ()
+                if batch.image_deepstack is not None:  # added after the first LM layers
+                    deepstack = (batch.image_rows, batch.image_deepstack)
+                hidden = self.model(batch.input_ids, batch.positions, embeds, *deepstack)
         self._copy_states(batch.state_saves)
+        if batch.pooling is not None:
+            return self.pool(hidden, batch)
         return self.model.compute_logits(hidden[batch.logits_indices])
+
+    @staticmethod
+    def pool(hidden: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        """Float32 pooling of the final (normed) hidden states [T, hidden]: "last" gives the
+        rows at `logits_indices` [B, hidden] (prompts that end this step); "mean" the sum of
+        each scheduled sequence's rows [S, hidden], which the engine adds up across chunks."""
+        if batch.pooling == "last":
+            return hidden[batch.logits_indices].float()
+        num_segments = int(batch.pool_segments[-1]) + 1
+        sums = hidden.new_zeros(num_segments, hidden.shape[-1], dtype=torch.float32)
+        return sums.index_add_(0, batch.pool_segments, hidden.float())  # [S, hidden]

@@ -6,13 +6,22 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from axon.server import openai_chat, openai_completions, responses
+from axon.server import (
+    anthropic,
+    embeddings,
+    openai_chat,
+    openai_completions,
+    responses,
+    utility_routes,
+)
 from axon.server.errors import AxonHTTPError
 from axon.server.openai_completions import ClientDisconnected, served_model
 from axon.server.protocol import param_of
@@ -21,6 +30,15 @@ from axon.server.sources import is_repo_id
 logger = logging.getLogger(__name__)
 models_router = APIRouter()
 _STATUS_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
+_STATIC_DIR = Path(__file__).parent / "static"
+# The page loads its own scripts and styles and talks to this server only; a model's answer that
+# slipped past the Markdown renderer's escaping still could not run a script or call elsewhere.
+_CHAT_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data: blob:; connect-src 'self'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'",
+    "Cache-Control": "no-cache",
+}
 
 
 def _optional(module: str, attribute: str):
@@ -112,6 +130,17 @@ def _add_docs(app: FastAPI, dependencies: list) -> None:
         return get_redoc_html(openapi_url="/openapi.json", title="axon API")
 
 
+def _add_chat_page(app: FastAPI) -> None:
+    """The chat page at `/` and its scripts under `/static/`, open without the API key: they hold
+    no data, and the page asks for the key before it calls any route that needs it."""
+
+    @app.get("/", include_in_schema=False)
+    async def chat_page() -> FileResponse:
+        return FileResponse(_STATIC_DIR / "index.html", headers=_CHAT_PAGE_HEADERS)
+
+    app.mount("/static", StaticFiles(directory=_STATIC_DIR), name="static")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(AxonHTTPError, _axon_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -130,13 +159,19 @@ def create_app(state, lifespan=None) -> FastAPI:
     require_api_key = _optional("axon.server.auth", "require_api_key")
     v1 = [Depends(require_api_key)] if require_api_key is not None else []
     _add_docs(app, v1)
+    _add_chat_page(app)
     for router in (
         models_router,
         openai_chat.router,
         openai_completions.router,
+        embeddings.router,
         responses.router,
+        utility_routes.router,
     ):
         app.include_router(router, dependencies=v1)
+    # Its own key check (x-api-key or a bearer token) and error shape: see anthropic.py.
+    app.include_router(anthropic.router)
+    app.include_router(utility_routes.open_router)
     for module in ("axon.server.node_api", "axon.server.metrics"):
         router = _optional(module, "router")
         if router is not None:

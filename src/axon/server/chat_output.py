@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from axon.server.errors import BadRequest
-from axon.server.request_checks import check_images
 from axon.tokenizer.parsers import (
     ContentDelta,
     OutputParser,
@@ -50,12 +49,8 @@ class ChatOutputPlan:
 
     @classmethod
     def of(cls, model, body, prompt: str | None, headers) -> ChatOutputPlan:
-        """The plan of a chat request; raises BadRequest for an image, tool_choice or
-        response_format this model cannot honour."""
-        # No model served today has a vision encoder; a multimodal one will say so here.
-        check_images(
-            getattr(body, "messages", None) or [], getattr(model, "supports_images", False)
-        )
+        """The plan of a chat request; raises BadRequest for a tool_choice or response_format
+        this model cannot honour (images: openai_chat.request_image_parts)."""
         info = getattr(getattr(model, "client", None), "info", None) or {}
         family = parser_family(model.tokenizer, info.get("model_type"))
         kwargs = getattr(body, "chat_template_kwargs", None) or {}

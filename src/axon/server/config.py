@@ -63,6 +63,15 @@ class ServerConfig:
     # Directories that `POST /models/load` may name local models and chat templates in; None:
     # the working directory, the HF cache and axon's model cache (sources.allowed_local_roots).
     allowed_local_model_paths: tuple[str, ...] | None = None
+    # Image URLs (multimodal/fetch.py): data: URIs always; http(s) only to these hosts ("*":
+    # any), never to private, loopback or link-local addresses unless allowed; file:// only
+    # under allowed_local_media_path. Each image is at most max_image_bytes and is fetched
+    # within media_fetch_timeout_s.
+    allowed_media_domains: tuple[str, ...] = ()
+    allowed_local_media_path: str | None = None
+    allow_private_media_addresses: bool = False
+    max_image_bytes: int = 20 << 20
+    media_fetch_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -79,6 +88,13 @@ class ServerConfig:
             check(getattr(self, name) > 0, name, "must be > 0")
         paths = self.allowed_local_model_paths
         check(paths is None or all(paths), "allowed_local_model_paths", "must not hold ''")
+        media_path = self.allowed_local_media_path
+        check(
+            media_path is None or Path(media_path).is_absolute(),
+            "allowed_local_media_path",
+            "must be an absolute path",
+        )
+        check(all(self.allowed_media_domains), "allowed_media_domains", "must not hold ''")
 
     def engine_args(self, spec: ModelSpec) -> dict[str, Any]:
         """The engine arguments for `spec`: the server's defaults, overridden by the spec's own."""
@@ -129,13 +145,14 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return merged
 
 
-_STR_FIELDS = {"host", "api_key", "default_source", "log_level"}
+_STR_FIELDS = {"host", "api_key", "default_source", "log_level", "allowed_local_media_path"}
 _FLOAT_FIELDS = {
     "shutdown_grace_s",
     "engine_step_timeout_s",
     "engine_load_timeout_s",
     "request_header_timeout_s",
     "request_body_timeout_s",
+    "media_fetch_timeout_s",
 }
 _INT_FIELDS = {
     "port",
@@ -143,9 +160,11 @@ _INT_FIELDS = {
     "max_waiting_tokens",
     "max_request_body_bytes",
     "max_connections",
+    "max_image_bytes",
 }
 _POSITIVE_FIELDS = sorted(
-    _FLOAT_FIELDS - {"shutdown_grace_s"} | {"max_request_body_bytes", "max_connections"}
+    _FLOAT_FIELDS - {"shutdown_grace_s"}
+    | {"max_request_body_bytes", "max_connections", "max_image_bytes"}
 )
 
 
@@ -160,8 +179,12 @@ def _coerce(name: str, value: Any) -> Any:
         return EngineArgs.model_validate(value)
     if name == "sources":
         return {scheme: _source(scheme, table) for scheme, table in value.items()}
-    if name == "allowed_local_model_paths":
-        return _paths(value)
+    if name in ("allowed_local_model_paths", "allowed_media_domains"):
+        return _strings(name, value)
+    if name == "allow_private_media_addresses":
+        if not isinstance(value, bool):
+            raise ValueError(f"config: {name} must be true or false, got {value!r}")
+        return value
     if name in _STR_FIELDS:
         return str(value)
     if name in _FLOAT_FIELDS:
@@ -174,13 +197,11 @@ def _coerce(name: str, value: Any) -> Any:
     return value
 
 
-def _paths(value: Any) -> tuple[str, ...]:
-    """A directory list from TOML (a list) or an environment variable (TOML list, or one path)."""
+def _strings(name: str, value: Any) -> tuple[str, ...]:
+    """A list from TOML (a list) or an environment variable (a TOML list, or one item)."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise ValueError(
-            f"config: allowed_local_model_paths must be a list of paths, got {value!r}"
-        )
+        raise ValueError(f"config: {name} must be a list of strings, got {value!r}")
     return tuple(items)
 
 

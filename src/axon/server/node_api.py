@@ -53,7 +53,7 @@ async def get_health(request: Request) -> dict:
         "uptime_secs": int(time.time() - state.started_at),
         "devices": devices,
         "host_memory": memory,
-        "activation": activation.snapshot(),
+        "activation": activation.snapshot(state.registry),
     }
 
 

@@ -46,13 +46,30 @@ class EngineArgs(BaseModel):
     block_size: int | None = Field(None, ge=1)
     kv_cache_memory: int | None = Field(None, gt=0, description="bytes, or a size: 512M, 2G")
     enable_prefix_caching: bool | None = None
+    # vLLM's {"image": N}: images per request; 0 loads a multimodal checkpoint text-only.
+    limit_mm_per_prompt: dict[Literal["image"], int] | None = None
+    max_image_pixels: int | None = Field(None, ge=1, description="pixels per resized image")
+    image_profile: Literal["native", "fixed448"] | None = None
+    # "embed" serves /v1/embeddings only; "auto": embed for a sentence-transformers checkpoint.
+    task: Literal["auto", "generate", "embed"] | None = None
 
     _check_size = field_validator("kv_cache_memory", mode="before")(_parse_size)
     _check_fits = field_validator("kv_cache_memory", mode="after")(_fits_the_host)
 
+    @field_validator("limit_mm_per_prompt", mode="after")
+    @classmethod
+    def _check_limits(cls, value: dict | None) -> dict | None:
+        if value is not None and any(count < 0 for count in value.values()):
+            raise ValueError(f"limit_mm_per_prompt counts must be >= 0, got {value}")
+        return value
+
     def engine_args(self) -> dict[str, Any]:
-        """The engine arguments this object sets (the None ones left out)."""
+        """The engine arguments this object sets (the None ones left out), under the engine's
+        names (`limit_mm_per_prompt.image` is `max_images_per_prompt`)."""
         values = {name: getattr(self, name) for name in EngineArgs.model_fields}
+        limits = values.pop("limit_mm_per_prompt")
+        if limits is not None and "image" in limits:
+            values["max_images_per_prompt"] = limits["image"]
         return {name: value for name, value in values.items() if value is not None}
 
 
@@ -106,3 +123,7 @@ class ModelInfo(BaseModel):
     created: int | None = None
     error: str | None = None  # why the last recovery failed, while one is being retried
     engine_pid: int | None = None  # the model's engine process (its group holds every rank)
+    load_progress: dict[str, int] | None = None  # loading: {"loaded_bytes", "total_bytes"}
+    # loaded: {"total", "active"}, the weights' bytes and those one token reads (a mixture of
+    # experts reads only its chosen experts)
+    parameter_bytes: dict[str, int] | None = None

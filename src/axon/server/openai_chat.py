@@ -5,11 +5,14 @@ Reasoning, tool calls and structured output: chat_output.py."""
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from fastapi import APIRouter, Request
 
 from axon.engine.output_processor import RequestState
+from axon.sampling_params import SamplingParams
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
+from axon.server.images import checked_image_parts, with_images
 from axon.server.offload import off_loop
 from axon.server.openai_completions import (
     EventStream,
@@ -141,14 +144,26 @@ def chat_prompt(
     return text, model.encode(text, add_special_tokens=False, param=param)
 
 
+class PreparedChat(NamedTuple):
+    text: str
+    prompt_ids: list[int]
+    plan: ChatOutputPlan
+    params: SamplingParams
+    images: dict | None  # the engine's image inputs, placeholders in prompt_ids expanded
+
+
 def prepare_chat(
     model, body: ChatCompletionRequest, headers, sampling=None, prompt_field: str = "messages"
-) -> tuple:
+) -> PreparedChat:
     """Everything a chat request needs before the engine: the prompt text and ids, the output
-    plan and the sampling params (from `sampling`, default `body`: /v1/responses has its own
-    request). Request-sized work: run it off the event loop."""
+    plan, the sampling params (from `sampling`, default `body`: /v1/responses has its own
+    request) and the images, fetched, decoded and preprocessed, with the prompt's image
+    placeholders expanded. Request-sized, blocking work: run it off the event loop."""
+    messages = [message.template_dict() for message in body.messages]
+    parts = checked_image_parts(model, messages, prompt_field)
     text, prompt_ids = chat_prompt(model, body, param=prompt_field)
     plan = ChatOutputPlan.of(model, body, text, headers)
+    prompt_ids, images = with_images(model, parts, prompt_ids, prompt_field)
     params = build_sampling_params(
         sampling or body,
         len(prompt_ids),
@@ -158,7 +173,7 @@ def prepare_chat(
         structured_output=plan.structured_output,
         vocab_size=vocab_size(model),
     )
-    return text, prompt_ids, plan, params
+    return PreparedChat(text, prompt_ids, plan, params, images)
 
 
 @router.post("/v1/chat/completions")
@@ -166,11 +181,9 @@ async def create_chat_completion(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), ChatCompletionRequest)
     model = served_model(request, body.model)
-    text, prompt_ids, plan, params = await off_loop(prepare_chat, model, body, request.headers)
-    generation = await or_disconnect(
-        request, Generation.start(model, prompt_ids, params, text, started_at)
-    )
-    context = _ChatContext(body, model, params, plan)
+    prepared = await off_loop(prepare_chat, model, body, request.headers)
+    generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))
+    context = _ChatContext(body, model, prepared.params, prepared.plan)
     if body.stream:
         return EventStream(_chat_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())

@@ -52,12 +52,22 @@ class Generation:
 
     @classmethod
     async def start(
-        cls, model, prompt_ids: list[int], params, prompt: str | None, started_at, checked=False
+        cls,
+        model,
+        prompt_ids: list[int],
+        params,
+        prompt: str | None,
+        started_at,
+        checked=False,
+        images: dict | None = None,
     ):
         """Admits the request: raises the engine's admission errors (context length, overload,
         unavailable) before any response is sent. `checked`: the caller has checked the
-        model's capacity for it (and its siblings) already."""
-        stream = model.generate(prompt_ids, params, prompt=prompt, capacity_checked=checked)
+        model's capacity for it (and its siblings) already. `images`: the engine's image
+        inputs for a prompt with expanded placeholders."""
+        stream = model.generate(
+            prompt_ids, params, prompt=prompt, capacity_checked=checked, images=images
+        )
         try:
             first = await anext(stream)
         except StopAsyncIteration:
@@ -66,6 +76,18 @@ class Generation:
             await stream.aclose()
             raise
         return cls(stream, first, RequestObserver(model.id, started_at))
+
+    @classmethod
+    async def of_chat(cls, model, prepared, started_at):
+        """`start` for a prepared chat request (openai_chat.PreparedChat)."""
+        return await cls.start(
+            model,
+            prepared.prompt_ids,
+            prepared.params,
+            prepared.text,
+            started_at,
+            images=prepared.images,
+        )
 
     async def __aiter__(self) -> AsyncIterator[RequestState]:
         try:

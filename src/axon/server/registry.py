@@ -49,6 +49,7 @@ class _Entry:
     chat_template: Any = None  # the spec's template override, read once (recovery reuses it)
     task: asyncio.Task | None = None  # the load or the recovery in progress
     error: str | None = None
+    load_progress: tuple[int, int] | None = None  # (bytes of weights loaded, total) meanwhile
 
 
 @dataclass
@@ -74,14 +75,19 @@ class ActivationTracker:
         else:
             self.failed.append({"model_id": model_id, "error": error})
 
-    def snapshot(self) -> dict:
-        return {
+    def snapshot(self, registry: ModelRegistry | None = None) -> dict:
+        """The buckets; with `registry`, the weight bytes loaded so far of the model in
+        progress (`progress`: {"loaded_bytes", "total_bytes"}, null before its engine reports)."""
+        snapshot = {
             "state": self.state,
             "pending": list(self.pending),
             "in_progress": self.in_progress,
             "completed": list(self.completed),
             "failed": [dict(failure) for failure in self.failed],
         }
+        if registry is not None and self.in_progress is not None:
+            snapshot["progress"] = registry.load_progress(self.in_progress)
+        return snapshot
 
 
 class ModelRegistry:
@@ -147,12 +153,19 @@ class ModelRegistry:
     async def _start_model(self, model_id: str, entry: _Entry, previous=None):
         """Starts the model's engine; `previous` (a recovery) lends its tokenizer."""
         engine_args = self.config.engine_args(entry.spec)
+        if entry.spec.tensor_parallel:  # ModelSpec's name (neuron's) for the engine's
+            engine_args["tensor_parallel_size"] = entry.spec.tensor_parallel
         path, spec, template = str(entry.model_path), entry.spec, entry.chat_template
         reuse = {} if previous is None else {"previous": previous}
+
+        def on_progress(loaded: int, total: int) -> None:
+            entry.load_progress = (loaded, total)
+
         try:
             model = await self._start(
-                model_id, path, engine_args, spec, self.config, chat_template=template, **reuse
-            )
+                model_id, path, engine_args, spec, self.config, chat_template=template,
+                on_progress=on_progress, **reuse,
+            )  # fmt: skip
         except AxonHTTPError:
             raise
         except Exception as exc:  # neuron: every other load failure is a 400 that says why
@@ -269,7 +282,18 @@ class ModelRegistry:
             created=getattr(model, "created", None),
             error=entry.error,
             engine_pid=getattr(model, "engine_pid", None),
+            load_progress=self.load_progress(model_id) if status != "loaded" else None,
+            parameter_bytes=getattr(model, "parameter_bytes", None),
         )
+
+    def load_progress(self, model_id: str) -> dict | None:
+        """{"loaded_bytes", "total_bytes"} of the weights of a model being loaded (or
+        recovered); None before its engine reports any."""
+        entry = self._entries.get(model_id)
+        if entry is None or entry.load_progress is None:
+            return None
+        loaded, total = entry.load_progress
+        return {"loaded_bytes": loaded, "total_bytes": total}
 
     # ---- recovery ---------------------------------------------------------------------------
 
@@ -309,19 +333,16 @@ class ModelRegistry:
 
 async def check_placement(spec: ModelSpec) -> None:
     """Raises BadRequest unless the spec's `tensor_parallel` and `devices` can be honoured
-    here: one rank per model for now, on GPUs this node has (never silently ignored)."""
+    here: one device per rank when devices are named, GPUs this node has (never silently
+    ignored). Whether the model shards is checked where that is known: the preflight (a GGUF
+    file whose row-parallel split cuts quant blocks is a 422 tp_gguf_split) and the engine's
+    load (an architecture not sharded yet, or heads that do not divide, is a 400 naming the
+    value)."""
     ranks = spec.tensor_parallel or 1
-    if ranks > 1:
-        raise BadRequest(
-            f"tensor_parallel {ranks} is not supported yet: this server runs each model as a "
-            "single rank (tensor_parallel 1)",
-            code="tensor_parallel_unsupported",
-            param="tensor_parallel",
-        )
     devices = spec.devices
     if not devices:
         return
-    if len(devices) > ranks:
+    if len(devices) != ranks:
         raise BadRequest(
             f"devices lists {len(devices)} GPUs for {ranks} rank(s): give one device per rank",
             param="devices",

@@ -135,7 +135,7 @@ def check_response_format(response_format: dict | None) -> None:
 
 def check_content_parts(content: Any, where: str) -> None:
     """Raises BadRequest for a content part of a type this server does not know (text, and
-    images, which only a model with a vision encoder takes: see `check_images`)."""
+    images, which only a model with a vision tower takes: openai_chat.request_image_parts)."""
     if not isinstance(content, list):
         return
     for index, part in enumerate(content):
@@ -145,20 +145,3 @@ def check_content_parts(content: Any, where: str) -> None:
             raise BadRequest(f"{param}.type {kind!r} is not supported", param=f"{param}.type")
         if kind == "text" and not isinstance(part.get("text"), str):
             raise BadRequest(f"{param}.text must be a string", param=f"{param}.text")
-
-
-def check_images(messages: list, supports_images: bool) -> None:
-    """Raises BadRequest(code="vision_unsupported") naming the first image part of `messages`
-    when the model has no vision encoder: dropping the image would answer another question."""
-    if supports_images:
-        return
-    for number, message in enumerate(messages):
-        content = message.content if isinstance(message, BaseModel) else message.get("content")
-        for index, part in enumerate(content if isinstance(content, list) else []):
-            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
-                param = f"messages[{number}].content[{index}]"
-                raise BadRequest(
-                    f"{param}: this model has no vision encoder; image inputs are not supported",
-                    code="vision_unsupported",
-                    param=param,
-                )

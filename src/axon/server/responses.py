@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.errors import BadRequest
 from axon.server.offload import off_loop
-from axon.server.openai_chat import prepare_chat
+from axon.server.openai_chat import PreparedChat, prepare_chat
 from axon.server.openai_completions import (
     EventStream,
     Generation,
@@ -34,29 +34,37 @@ router = APIRouter()
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _message_content(content, where: str) -> str:
-    """A message item's text parts joined into one chat string. An image part is a 400
-    (`vision_unsupported`: no model here has a vision encoder), as is any other part type."""
+def _message_content(content, where: str) -> str | list[dict]:
+    """A message item's content as chat content: its text parts joined into one string, or,
+    when it holds `input_image` parts, chat parts (text, and `image_url` for each image) in
+    order. Any other part type is a 400."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
         raise BadRequest(
             f"{where}.content must be a string or a list of parts", param=f"{where}.content"
         )
-    texts = []
-    for index, part in enumerate(content):
-        param = f"{where}.content[{index}]"
-        if part.get("type") == "input_image":
-            message = f"{param}: this model has no vision encoder; image inputs are not supported"
-            raise BadRequest(message, code="vision_unsupported", param=param)
-        if part.get("type") not in _TEXT_PARTS:
-            raise BadRequest(
-                f"{param}.type {part.get('type')!r} is not supported", param=f"{param}.type"
-            )
-        if not isinstance(part.get("text"), str):
-            raise BadRequest(f"{param}.text must be a string", param=f"{param}.text")
-        texts.append(part["text"])
-    return "\n\n".join(texts)
+    parts = [_chat_part(part, f"{where}.content[{index}]") for index, part in enumerate(content)]
+    if all(part["type"] == "text" for part in parts):
+        return "\n\n".join(part["text"] for part in parts)
+    return parts
+
+
+def _chat_part(part: dict, param: str) -> dict:
+    """One Responses content part as a chat content part."""
+    kind = part.get("type")
+    if kind == "input_image":
+        url = part.get("image_url")
+        if not isinstance(url, str):
+            message = f"{param}: input_image needs an image_url (file_id is not supported)"
+            raise BadRequest(message, param=f"{param}.image_url")
+        detail = part.get("detail") or "auto"
+        return {"type": "image_url", "image_url": {"url": url, "detail": detail}}
+    if kind not in _TEXT_PARTS:
+        raise BadRequest(f"{param}.type {kind!r} is not supported", param=f"{param}.type")
+    if not isinstance(part.get("text"), str):
+        raise BadRequest(f"{param}.text must be a string", param=f"{param}.text")
+    return {"type": "text", "text": part["text"]}
 
 
 def _item_message(item: dict, where: str) -> dict | None:
@@ -317,17 +325,16 @@ async def create_response(request: Request):
             param="previous_response_id",
         )
     model = served_model(request, body.model)
-    text, prompt_ids, plan, params = await off_loop(_prepare, model, body)
-    generation = await or_disconnect(
-        request, Generation.start(model, prompt_ids, params, text, started_at)
-    )
-    context = _ResponseContext(body, model, params, plan)
+    prepared = await off_loop(_prepare, model, body)
+    generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))
+    context = _ResponseContext(body, model, prepared.params, prepared.plan)
     if body.stream:
         return EventStream(_response_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())
     return await off_loop(context.final, state)
 
 
-def _prepare(model, body: ResponsesRequest) -> tuple:
-    """The prompt text and ids, output plan and sampling params: request-sized, off the loop."""
+def _prepare(model, body: ResponsesRequest) -> PreparedChat:
+    """The prompt text and ids, output plan, sampling params and images: request-sized work,
+    off the loop."""
     return prepare_chat(model, _as_chat_request(body), {}, sampling=body, prompt_field="input")

@@ -23,6 +23,12 @@ import socket
 import sys
 
 from axon.server.config import ServerConfig, load_config
+from axon.server.multinode import (
+    add_multinode_args,
+    multinode_args,
+    multinode_starter,
+    run_headless_node,
+)
 from axon.server.node_protocol import EngineArgs, ModelSpec
 from axon.server.registry import ActivationTracker
 
@@ -47,6 +53,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         "--chat-template", metavar="FILE", help="Jinja (or JSON) template file for MODEL's chats"
     )
     parser.add_argument("--tensor-parallel-size", type=int, help="TP ranks for MODEL")
+    add_multinode_args(parser)
     parser.add_argument("--shutdown-grace", type=float, help="seconds for in-flight requests")
     parser.add_argument(
         "--allowed-local-model-path",
@@ -54,6 +61,16 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="a directory POST /models/load may name local models and chat templates in "
         "(repeatable; default: the working directory, the HF cache and axon's model cache)",
+    )
+    parser.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        metavar="HOST",
+        help="hosts whose http(s) image URLs may be fetched ('*': any public host; default: "
+        "none, data: URIs only)",
+    )
+    parser.add_argument(
+        "--allowed-local-media-path", metavar="DIR", help="file:// image URLs may read under DIR"
     )
     parser.add_argument("--log-level", help="debug, info (default), warning, error")
     parser.add_argument(
@@ -71,6 +88,46 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None
     )
+    group.add_argument(
+        "--limit-mm-per-prompt",
+        type=parse_mm_limits,
+        metavar="image=N",
+        help="images per request (default 16); image=0 loads a vision model text-only",
+    )
+    group.add_argument(
+        "--max-image-pixels", type=int, help="pixels of a resized image (default 1048576)"
+    )
+    group.add_argument(
+        "--image-profile",
+        choices=("native", "fixed448"),
+        help="native: the checkpoint's resize band (default); fixed448: neuron's 448x448",
+    )
+    group.add_argument(
+        "--task",
+        choices=("auto", "generate", "embed"),
+        help="embed: serve /v1/embeddings (pooled hidden states); auto (default): embed when "
+        "the checkpoint has a sentence-transformers pooling config",
+    )
+
+
+def parse_mm_limits(text: str) -> dict[str, int]:
+    """`--limit-mm-per-prompt`: `image=4`, or vLLM's JSON `{"image": 4}`."""
+    try:
+        value = json.loads(text) if text.lstrip().startswith("{") else None
+        if value is None:
+            value = {key.strip(): int(count) for key, count in _pairs(text)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected image=N, got {text!r}") from None
+    if not isinstance(value, dict) or set(value) - {"image"}:
+        raise argparse.ArgumentTypeError(f"only image=N is supported, got {text!r}")
+    return value
+
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    pairs = [item.partition("=") for item in text.split(",")]
+    if any(not sep for _, sep, _ in pairs):
+        raise ValueError(text)
+    return [(key, count) for key, _, count in pairs]
 
 
 def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
@@ -80,7 +137,9 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
     """
     config = load_config(ns.config, environ)
     flags = {name: getattr(ns, name, None) for name in _ENGINE_FLAGS}
-    engine = EngineArgs.model_validate({**config.engine.engine_args(), **_set(flags)})
+    engine = EngineArgs.model_validate(
+        {**config.engine.model_dump(exclude_none=True), **_set(flags)}
+    )
     models = config.default_models
     chat_template = getattr(ns, "chat_template", None)
     if chat_template is not None and not ns.model:
@@ -102,6 +161,8 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
         shutdown_grace_s=ns.shutdown_grace,
         log_level=ns.log_level,
         allowed_local_model_paths=_tuple_or_none(getattr(ns, "allowed_local_model_path", None)),
+        allowed_media_domains=_tuple_or_none(getattr(ns, "allowed_media_domains", None)),
+        allowed_local_media_path=getattr(ns, "allowed_local_media_path", None),
         engine=engine,
         default_models=models,
     )
@@ -132,15 +193,25 @@ def run_serve(ns: argparse.Namespace) -> int:
     """`axon serve`: runs until SIGTERM/SIGINT; returns the exit status (0 after a clean stop)."""
     from pydantic import ValidationError
 
+    if ns.headless:
+        code = run_headless_node(ns)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # no group teardown or exit handlers: node 0's side is gone or going
     try:
         config = config_from_namespace(ns)
     except ValidationError as exc:
         raise ValueError(str(exc)) from None
+    multinode = multinode_args(ns)  # MODEL is default_models[0] when given
+    starter = (
+        multinode_starter(config.default_models[0].served_id, multinode) if multinode else None
+    )
     config = with_demo_default(config, ns)
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return asyncio.run(serve(config, hard_exit=True))
+    return asyncio.run(serve(config, hard_exit=True, starter=starter))
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -230,11 +301,12 @@ def _make_server(config: ServerConfig, state):
     return Server(uv_config)
 
 
-async def serve(config: ServerConfig, hard_exit: bool = False) -> int:
+async def serve(config: ServerConfig, hard_exit: bool = False, starter=None) -> int:
     """Serves until SIGTERM/SIGINT (or until uvicorn stops), then drains and unloads; returns 0.
 
     `hard_exit` ends the process with os._exit after the drain, as neuron does: a thread still
-    blocked in a download must not keep a stopped server alive.
+    blocked in a download must not keep a stopped server alive. `starter` replaces the
+    registry's model starter (see `multinode_starter`).
     """
     from axon.server.registry import ModelRegistry
     from axon.server.state import AppState
@@ -248,7 +320,7 @@ async def serve(config: ServerConfig, hard_exit: bool = False) -> int:
         state="pre_warming" if config.default_models else "ready",
         pending=[spec.served_id for spec in config.default_models],
     )
-    state = AppState(config=config, registry=ModelRegistry(config), activation=tracker)
+    state = AppState(config=config, registry=ModelRegistry(config, starter), activation=tracker)
     server = _make_server(config, state)
     stop = asyncio.Event()
     _install_signal_handlers(stop)

@@ -4,65 +4,37 @@ admission control, and the per-request output processing (detokenization, stop s
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from axon.config import EngineConfig
 from axon.engine.client import EngineClient, EngineError, Liveness
-from axon.engine.llm import load_tokenizer
 from axon.engine.output_processor import RequestState
 from axon.sampling_params import SamplingParams
-from axon.server.errors import ContextLengthExceeded, EngineDead, ModelUnavailable, Overloaded
-from axon.tokenizer.chat_template import (
-    ChatTemplate,
-    render_chat,
-    resolve_chat_template,
-    warn_chatml_fallback,
+from axon.server.errors import (
+    BadRequest,
+    ContextLengthExceeded,
+    EngineDead,
+    ModelUnavailable,
+    Overloaded,
 )
+from axon.server.frontend import load_frontend, load_generation_defaults
+from axon.server.images import ImageFrontend, media_policy
+from axon.tokenizer.chat_template import ChatTemplate, render_chat
 
 logger = logging.getLogger(__name__)
 
-_DEBUG_HOOKS = {"AXON_DEBUG_POISON": "inject_fault", "AXON_DEBUG_WEDGE": "inject_hang"}
+_DEBUG_HOOKS = {
+    "AXON_DEBUG_POISON": "inject_fault",
+    "AXON_DEBUG_WEDGE": "inject_hang",
+    "AXON_DEBUG_TP_WEDGE": "inject_tp_wedge",  # rank 1 of a tensor-parallel engine hangs
+}
 _DEBUG_FIRED: set[tuple[str, str]] = set()
 _PROBE_CHARS_PER_TOKEN = 16  # a long text's head that is tokenized first (see encode)
 _PROBE_SLACK_TOKENS = 8
-_GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-def load_generation_defaults(model_path: str) -> dict:
-    """Sampling defaults from generation_config.json (only the keys it sets)."""
-    path = Path(model_path) / "generation_config.json"
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    return {k: data[k] for k in _GENERATION_DEFAULT_KEYS if data.get(k) is not None}
-
-
-def _model_template(model_id: str, tokenizer_path: str, tokenizer, override) -> ChatTemplate | None:
-    """The model's chat template: `override` (template text), else the model's own (see
-    resolve_chat_template), also set on the tokenizer so that whatever reads
-    `tokenizer.chat_template` (the output parsers) sees the one in use. Reads files: run it in
-    a thread."""
-    if tokenizer is None:
-        return None
-    template = override or resolve_chat_template(tokenizer_path, tokenizer)
-    if template is None:
-        warn_chatml_fallback(tokenizer, model_id)
-    else:
-        tokenizer.chat_template = template
-    return template
-
-
-def _load_frontend(model_id: str, config: EngineConfig, override) -> tuple:
-    """(tokenizer, chat template) of the model: blocking, run in a thread."""
-    tokenizer_path = config.tokenizer or config.model
-    tokenizer = load_tokenizer(tokenizer_path)
-    return tokenizer, _model_template(model_id, tokenizer_path, tokenizer, override)
 
 
 def _retrieve(future: asyncio.Future) -> None:
@@ -94,6 +66,7 @@ class ServedModel:
         model_path: str,
         server_config=None,
         chat_template: ChatTemplate | None = None,
+        images: ImageFrontend | None = None,
     ):
         self.id = model_id
         self.spec = spec
@@ -102,9 +75,14 @@ class ServedModel:
         self.model_path = model_path
         self.chat_template = chat_template  # None: the renderer's ChatML fallback
         self.max_model_len: int = client.info["max_model_len"]
+        self.parameter_bytes: dict | None = client.info.get("parameter_bytes")  # total, active
         self.generation_defaults = load_generation_defaults(model_path)
         self.created = int(time.time())
-        self.capabilities = ["text"]
+        self.images = images  # None: no vision tower, image parts are a 400
+        self.task: str = client.info.get("task", "generate")  # "embed": /v1/embeddings only
+        self.capabilities = ["text", "vision"] if images is not None else ["text"]
+        if self.task == "embed":
+            self.capabilities = ["embeddings"]
         self.devices = list(getattr(spec, "devices", None) or [])
         self.max_num_seqs = client.config.max_num_seqs
         self.max_waiting_requests = getattr(server_config, "max_waiting_requests", 256)
@@ -126,30 +104,40 @@ class ServedModel:
         server_config=None,
         chat_template: ChatTemplate | None = None,
         previous: ServedModel | None = None,
+        on_progress=None,
     ) -> ServedModel:
         """Spawn the engine process for `model_path` and wait until it is ready; the tokenizer
         loads meanwhile, in a thread. `chat_template` is the text of a template that overrides
         the model's own (the registry reads the spec's file, under its path rules, before the
         load; this never reads a path from the spec). `previous`: the faulted model this one
-        replaces, whose tokenizer and template are reused (a recovery loads only weights)."""
+        replaces, whose tokenizer and template are reused (a recovery loads only weights).
+        `on_progress(loaded, total)`: the bytes of weights loaded so far, as the engine loads."""
         config = EngineConfig.from_kwargs(str(model_path), **engine_args)
         if previous is not None:
             frontend = asyncio.get_running_loop().create_future()
             frontend.set_result((previous.tokenizer, previous.chat_template))
         else:
             frontend = asyncio.ensure_future(
-                asyncio.to_thread(_load_frontend, model_id, config, chat_template)
+                asyncio.to_thread(load_frontend, model_id, config, chat_template)
             )
         frontend.add_done_callback(_retrieve)  # a failed engine start leaves it unawaited
         client = await EngineClient.start(
-            config, liveness=_liveness(server_config), env=_device_env(spec)
+            config,
+            liveness=_liveness(server_config),
+            env=_device_env(spec),
+            on_progress=on_progress,
         )
         try:
             tokenizer, template = await frontend
+            vision = client.info.get("vision")
+            policy = media_policy(server_config)
+            images = await asyncio.to_thread(ImageFrontend.of, str(model_path), vision, policy)
         except BaseException:
             await client.shutdown()
             raise
-        return cls(model_id, spec, client, tokenizer, str(model_path), server_config, template)
+        return cls(
+            model_id, spec, client, tokenizer, str(model_path), server_config, template, images
+        )
 
     # ---- status -----------------------------------------------------------------------------
 
@@ -235,7 +223,7 @@ class ServedModel:
                 headers={"Retry-After": "1"},
             )
 
-    def _admit(self, prompt_len: int, params: SamplingParams, capacity_checked: bool) -> None:
+    def _check_available(self) -> None:
         if not self.accepting:
             raise ModelUnavailable(
                 f"model {self.id!r} is shutting down", headers={"Retry-After": "5"}
@@ -244,6 +232,15 @@ class ServedModel:
             raise ModelUnavailable(
                 f"model {self.id!r} is {self.status}", headers={"Retry-After": "5"}
             )
+
+    def _admit(self, prompt_len: int, params: SamplingParams, capacity_checked: bool) -> None:
+        if self.task == "embed":
+            raise BadRequest(
+                f"model {self.id!r} is an embedding model (task embed): it generates no text; "
+                "use /v1/embeddings",
+                param="model",
+            )
+        self._check_available()
         limit = self.max_model_len
         if params.max_tokens is None:
             params.max_tokens = max(1, limit - prompt_len)
@@ -263,17 +260,19 @@ class ServedModel:
         params: SamplingParams,
         prompt: str | None = None,
         capacity_checked: bool = False,
+        images: dict | None = None,
     ) -> AsyncIterator[RequestState]:
         """Yield the request's state: once as soon as it is admitted (no output yet), then each
         time it changes, the last time finished. Raises admission errors before the first
-        yield; leaving early aborts it in the engine."""
+        yield; leaving early aborts it in the engine. `images`: the engine's image inputs
+        (server/images.py) for a prompt whose placeholders are expanded."""
         self._admit(len(prompt_token_ids), params, capacity_checked)
         request_id = uuid.uuid4().hex
         state = RequestState(request_id, prompt, prompt_token_ids, params, self.tokenizer)
         await self._debug_hooks()
         self._enter(len(prompt_token_ids), params.n)
         waiting_tokens = len(prompt_token_ids)
-        stream = self.client.generate(request_id, prompt_token_ids, params)
+        stream = self.client.generate(request_id, prompt_token_ids, params, images)
         try:
             yield state
             async for update in stream:
@@ -291,6 +290,48 @@ class ServedModel:
             await stream.aclose()
             self.num_waiting_tokens -= waiting_tokens
             self._leave(params.n)
+
+    async def embed(self, prompts: list[list[int]]) -> list[list[float]]:
+        """The pooled vector of each prompt (token ids), all submitted at once so the engine
+        batches them. Raises BadRequest (a generate-task model), ContextLengthExceeded,
+        Overloaded or ModelUnavailable before submitting anything, EngineDead after."""
+        if self.task != "embed":
+            raise BadRequest(
+                f"model {self.id!r} generates text (task generate): it serves no embeddings; "
+                "serve an embedding model, or this one with --task embed",
+                param="model",
+            )
+        self._check_available()
+        for ids in prompts:
+            if len(ids) > self.max_model_len:
+                raise ContextLengthExceeded(
+                    f"This model's maximum context length is {self.max_model_len} tokens. "
+                    f"However, your input has {len(ids)} tokens; reduce the length of the input.",
+                    param="input",
+                )
+        self.check_capacity(len(prompts), sum(len(ids) for ids in prompts))
+        try:
+            async with asyncio.TaskGroup() as group:  # one failure cancels (aborts) the rest
+                tasks = [group.create_task(self._embed_one(ids)) for ids in prompts]
+        except ExceptionGroup as failures:
+            raise failures.exceptions[0] from None
+        return [task.result() for task in tasks]
+
+    async def _embed_one(self, prompt_token_ids: list[int]) -> list[float]:
+        self._enter(len(prompt_token_ids), 1)
+        params = SamplingParams(max_tokens=1)  # prefill only: nothing is sampled
+        stream = self.client.generate(uuid.uuid4().hex, prompt_token_ids, params)
+        try:
+            async for update in stream:
+                if update.embedding is not None:
+                    return update.embedding
+            raise EngineDead(f"model {self.id!r} ended an embedding request without a vector")
+        except EngineError as exc:
+            raise EngineDead(f"model {self.id!r} failed: {exc}") from exc
+        finally:
+            await stream.aclose()
+            self.num_waiting_tokens -= len(prompt_token_ids)
+            self._leave(1)
 
     async def _debug_hooks(self) -> None:
         """neuron's NEURON_DEBUG_POISON, and a wedge: when AXON_DEBUG_POISON (or _WEDGE) names

@@ -170,7 +170,8 @@ def plan_files(
     """Checks that a repo holding `files` can serve the spec, and says what to fetch.
 
     Raises the preflight 422s: `empty_repo` (no .safetensors or .gguf weights),
-    `tp_requires_safetensors` (GGUF only, TP > 1), `quant_not_found` (with the nearest quant).
+    `quant_not_found` (with the nearest quant). Tensor parallelism takes safetensors where the
+    repo has them, else the GGUF file (whose split is checked once it is here: `check_tp_gguf`).
     """
     gguf = sorted(f for f in files if f.lower().endswith(".gguf"))
     dense = [f for f in files if f.endswith(".safetensors")]
@@ -178,14 +179,7 @@ def plan_files(
         raise preflight_error(
             "empty_repo", model_id, f"{model_id}: no .safetensors or .gguf weights in the repo"
         )
-    if tensor_parallel > 1:
-        if not dense:
-            raise preflight_error(
-                "tp_requires_safetensors",
-                model_id,
-                f"{model_id}: tensor parallelism needs safetensors weights; the repo has GGUF only",
-                tensor_parallel=tensor_parallel,
-            )
+    if tensor_parallel > 1 and dense:
         return FilePlan(["*.safetensors", *_META_PATTERNS])  # quant is an in-situ dtype for TP
     if quant is None:
         if dense:
@@ -310,7 +304,24 @@ def resolve_model(
             spec.model_id, list_repo_files(ref, source, spec.model_id), spec.quant, tensor_parallel
         )
         snapshot = download(ref, source, plan)
-    return snapshot / plan.gguf_file if plan.gguf_file else snapshot
+    path = snapshot / plan.gguf_file if plan.gguf_file else snapshot
+    return check_tp_gguf(spec.model_id, path, tensor_parallel)
+
+
+def check_tp_gguf(model_id: str, path: Path, tensor_parallel: int) -> Path:
+    """`path`, when its ranks can split it: a GGUF file under tensor parallelism whose
+    row-parallel tensors would cut quant blocks is the preflight 422 `tp_gguf_split`, which
+    names the tensor and the sizes. Reads the file's header only."""
+    if tensor_parallel == 1 or path.suffix.lower() != ".gguf" or not path.is_file():
+        return path
+    from axon.loader.gguf import tp_split_problem
+
+    problem = tp_split_problem(str(path), tensor_parallel)
+    if problem:
+        raise preflight_error(
+            "tp_gguf_split", model_id, f"{model_id}: {problem}", tensor_parallel=tensor_parallel
+        )
+    return path
 
 
 def read_chat_template(
@@ -340,15 +351,10 @@ def _resolve_local(spec: ModelSpec, path: Path, tensor_parallel: int) -> Path:
     if stat.S_ISREG(mode):
         if path.suffix.lower() != ".gguf":
             raise BadRequest(f"model file {shown(spec.model_id)} is not a .gguf", param="model_id")
-        if tensor_parallel > 1:
-            raise preflight_error(
-                "tp_requires_safetensors",
-                spec.model_id,
-                f"{spec.model_id}: tensor parallelism needs safetensors weights, not a GGUF file",
-            )
-        return path
+        return check_tp_gguf(spec.model_id, path, tensor_parallel)
     if not stat.S_ISDIR(mode):
         raise BadRequest(f"{shown(spec.model_id)} is not a file or directory", param="model_id")
     files = list_checkpoint_files(path, spec.model_id)
     plan = plan_files(spec.model_id, files, spec.quant, tensor_parallel)
-    return path / plan.gguf_file if plan.gguf_file else path
+    path = path / plan.gguf_file if plan.gguf_file else path
+    return check_tp_gguf(spec.model_id, path, tensor_parallel)

@@ -45,6 +45,7 @@ _FORMAT_BY_MODEL_TYPE = {
     "qwen2_moe": "hermes",
     "qwen3": "hermes",
     "qwen3_moe": "hermes",
+    "qwen3_vl": "hermes",
     "qwen3_5": "qwen3_coder",
     "qwen3_5_moe": "qwen3_coder",
     "qwen3_next": "qwen3_coder",

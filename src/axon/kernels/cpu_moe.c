@@ -1,0 +1,213 @@
+/* The routed experts of one mixture-of-experts layer for a few tokens (decode) in one call: the
+ * grouping by expert, each chosen expert's gate/up and down products (ggml_cpu.c, in place on the
+ * GGML blocks or on float32 rows), the gated activation (cpu_ops.c) and the weighted sum. At
+ * batch 1 the same work done from Python costs ~10 torch ops per chosen expert, as much time as
+ * reading the expert's weights. The PyTorch reference twin is `fused_moe` (layers/fused_moe.py):
+ * the same products in the same expert order, summed per token in choice order.
+ *
+ * All of it runs in one OpenMP parallel region: the row quads of every chosen expert's gate and
+ * up are split evenly across the threads, then (after a barrier) those of the downs. One region
+ * per matmul cost ~8 fork/joins per layer, and splitting each small expert matrix on its own left
+ * threads idle at every join. A row's product does not depend on which thread computes it, and
+ * the split falls on quad boundaries, so the result equals the one-thread result to the bit. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
+                           const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
+                           float *y, int64_t ldy, int threads);
+void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
+                      int kind);
+void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo,
+                   int64_t rows, int64_t dim, float eps, int unit_offset);
+
+#define MAX_TOKENS 64 /* of one matmul call: a token chooses an expert at most once */
+
+/* Every expert's three weights, fixed for the model's lifetime (mirrored by ctypes in
+ * kernels/cpu_moe.py: keep the field order). Expert e's gate is gate[e], in format types[0]. */
+typedef struct {
+    int64_t experts, hidden, inter;
+    int32_t types[3]; /* gate, up, down */
+    int32_t activation, threads;
+    const uint8_t *const *gate;
+    const uint8_t *const *up;
+    const uint8_t *const *down;
+    int64_t row_bytes[3]; /* of one row of gate, up, down */
+} Experts;
+
+/* The rest of a sparse layer's MLP half for axon_moe_block: its norm and its float32 router. */
+typedef struct {
+    const float *norm, *router; /* [hidden], [experts, hidden] */
+    float eps;
+    int32_t unit_offset, top_k, renormalize;
+} Router;
+
+/* One kind of product of a phase: expert e's weight is w[e] (types, rows [rows, cols]), its
+ * output goes to columns column .. column + rows - 1 of y. */
+typedef struct {
+    const uint8_t *const *w;
+    int type;
+    int64_t rows, row_bytes, column;
+} Part;
+
+static int64_t quads_of(const Part *p) { return (p->rows + 3) / 4; }
+
+/* This thread's share (id of count) of a phase: for each chosen expert in `chosen` (groups of
+ * them, slots start[e] .. start[e + 1] - 1), the row quads of each part in turn, x [slots, cols]
+ * -> y [slots, ldy]. Returns nonzero when a matmul rejects its weights. */
+static int phase(const Part *parts, int count_parts, const int64_t *chosen, int64_t groups,
+                 const int64_t *start, const float *x, int64_t cols, float *y, int64_t ldy,
+                 int64_t id, int64_t count) {
+    int64_t per_group = 0;
+    for (int p = 0; p < count_parts; p++) per_group += quads_of(&parts[p]);
+    const int64_t total = per_group * groups, last = total * (id + 1) / count;
+    int status = 0;
+    for (int64_t q = total * id / count; q < last;) {
+        const int64_t e = chosen[q / per_group], first = start[e], n = start[e + 1] - first;
+        int64_t within = q % per_group;
+        const Part *p = parts;
+        while (within >= quads_of(p)) within -= quads_of(p++);
+        const int64_t take = last - q < quads_of(p) - within ? last - q : quads_of(p) - within;
+        const int64_t begin = 4 * within;
+        const int64_t end = 4 * (within + take) < p->rows ? 4 * (within + take) : p->rows;
+        const int64_t rows = end - begin;
+        const uint8_t *w = p->w[e] + begin * p->row_bytes;
+        status |= axon_ggml_matmul_parts(1, &p->type, &w, &rows, cols, x + first * cols, n,
+                                         y + first * ldy + p->column + begin, ldy, 1);
+        q += take;
+    }
+    return status;
+}
+
+/* Slots (token, choice) grouped by expert: start [experts + 1], order (slot of each grouped
+ * row), at (grouped row of each slot), chosen (experts with a slot, ascending). Returns the
+ * number of chosen experts, or -1 for a bad id. */
+static int64_t group(const Experts *m, const int64_t *ids, int64_t slots, int64_t *start,
+                     int64_t *order, int64_t *at, int64_t *chosen) {
+    memset(start, 0, (m->experts + 1) * sizeof *start);
+    for (int64_t s = 0; s < slots; s++) {
+        if (ids[s] < 0 || ids[s] >= m->experts) return -1;
+        start[ids[s] + 1]++;
+    }
+    int64_t groups = 0;
+    for (int64_t e = 0; e < m->experts; e++) {
+        if (start[e + 1] > 0) chosen[groups++] = e; /* an expert nobody chose is not read */
+        start[e + 1] += start[e];
+    }
+    int64_t fill[m->experts];
+    memcpy(fill, start, sizeof fill);
+    for (int64_t s = 0; s < slots; s++) { /* slots grouped by expert, in token order */
+        order[fill[ids[s]]] = s;
+        at[s] = fill[ids[s]]++;
+    }
+    return groups;
+}
+
+/* out [tokens, hidden] = sum_j weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)), e =
+ * ids[t, j], for x [tokens, hidden] float32. scratch holds tokens * top_k * (2 hidden + 3 inter)
+ * floats. Returns -1 (nothing written) for a bad expert id, too many tokens or a format the
+ * matmul does not handle. */
+int axon_moe_experts(const Experts *m, const float *x, int64_t tokens, const int64_t *ids,
+                     const float *weights, int64_t top_k, float *scratch, float *out) {
+    const int64_t slots = tokens * top_k, hidden = m->hidden, inter = m->inter;
+    if (tokens < 0 || tokens > MAX_TOKENS || top_k < 1) return -1;
+    int64_t start[m->experts + 1], order[slots > 0 ? slots : 1], at[slots > 0 ? slots : 1];
+    int64_t chosen[m->experts];
+    const int64_t groups = group(m, ids, slots, start, order, at, chosen);
+    if (groups < 0) return -1;
+    float *xs = scratch, *gu = xs + slots * hidden, *h = gu + slots * 2 * inter;
+    float *ys = h + slots * inter;
+    for (int64_t i = 0; i < slots; i++)
+        memcpy(xs + i * hidden, x + order[i] / top_k * hidden, hidden * sizeof(float));
+    const Part gate_up[2] = {{m->gate, m->types[0], inter, m->row_bytes[0], 0},
+                             {m->up, m->types[1], inter, m->row_bytes[1], inter}};
+    const Part down = {m->down, m->types[2], hidden, m->row_bytes[2], 0};
+    int failed = 0;
+#pragma omp parallel num_threads(m->threads) if (m->threads > 1)
+    {
+#ifdef _OPENMP
+        const int64_t id = omp_get_thread_num(), count = omp_get_num_threads();
+#else
+        const int64_t id = 0, count = 1;
+#endif
+        int status = phase(gate_up, 2, chosen, groups, start, xs, hidden, gu, 2 * inter, id, count);
+#pragma omp barrier
+        const int64_t s0 = slots * id / count, s1 = slots * (id + 1) / count;
+        axon_act_and_mul(gu + s0 * 2 * inter, 2 * inter, h + s0 * inter, s1 - s0, inter,
+                         m->activation);
+#pragma omp barrier
+        status |= phase(&down, 1, chosen, groups, start, h, inter, ys, hidden, id, count);
+#pragma omp barrier
+        const int64_t c0 = hidden * id / count, c1 = hidden * (id + 1) / count;
+        for (int64_t t = 0; t < tokens; t++) { /* per column, the choices in order */
+            float *o = out + t * hidden;
+            for (int64_t i = c0; i < c1; i++) o[i] = 0.0f;
+            for (int64_t j = 0; j < top_k; j++) {
+                const float w = weights[t * top_k + j], *y = ys + at[t * top_k + j] * hidden;
+                for (int64_t i = c0; i < c1; i++) o[i] += w * y[i];
+            }
+        }
+        if (status != 0) {
+#pragma omp atomic write
+            failed = 1;
+        }
+    }
+    return failed ? -1 : 0;
+}
+
+/* Softmax over logits [experts], the top_k largest (ties: the lower id) with their
+ * probabilities, renormalised to sum 1 when asked, as `select_experts` does. */
+static void select_top_k(const float *logits, int64_t experts, int64_t top_k, int renormalize,
+                         int64_t *ids, float *weights) {
+    float most = logits[0], total = 0.0f, probs[experts];
+    for (int64_t e = 1; e < experts; e++) most = logits[e] > most ? logits[e] : most;
+    for (int64_t e = 0; e < experts; e++) total += probs[e] = expf(logits[e] - most);
+    float chosen_sum = 0.0f;
+    char taken[experts];
+    memset(taken, 0, sizeof taken);
+    for (int64_t j = 0; j < top_k; j++) { /* a valid id even where the logits are NaN */
+        int64_t best = 0;
+        while (taken[best]) best++;
+        for (int64_t e = best + 1; e < experts; e++)
+            if (!taken[e] && probs[e] > probs[best]) best = e;
+        ids[j] = best;
+        taken[best] = 1;
+        chosen_sum += weights[j] = probs[best] / total;
+    }
+    if (renormalize)
+        for (int64_t j = 0; j < top_k; j++) weights[j] /= chosen_sum;
+}
+
+/* Floats of scratch axon_moe_block needs for `tokens`. */
+int64_t axon_moe_block_scratch(const Experts *m, const Router *r, int64_t tokens) {
+    const int64_t slots = tokens * r->top_k;
+    return tokens * (2 * m->hidden + m->experts + r->top_k) + slots * (2 * m->hidden + 3 * m->inter);
+}
+
+/* hidden [tokens, hidden] += experts(norm(hidden)) in place: the MLP half of a sparse layer at
+ * decode, routing included (float32 logits, softmax top-k). Returns 0, or -1 as
+ * axon_moe_experts. */
+int axon_moe_block(const Experts *m, const Router *r, float *hidden, int64_t tokens,
+                   float *scratch) {
+    const int64_t dim = m->hidden, top_k = r->top_k;
+    if (tokens < 0 || tokens > MAX_TOKENS || top_k < 1 || top_k > m->experts) return -1;
+    float *x = scratch, *y = x + tokens * dim, *logits = y + tokens * dim;
+    float *weights = logits + tokens * m->experts, *rest = weights + tokens * top_k;
+    int64_t ids[tokens * top_k + 1];
+    const int f32 = 0; /* GGML type F32: the router's float32 rows */
+    axon_rms_norm(hidden, dim, r->norm, x, dim, tokens, dim, r->eps, r->unit_offset);
+    const uint8_t *router = (const uint8_t *)r->router;
+    if (axon_ggml_matmul_parts(1, &f32, &router, &m->experts, dim, x, tokens, logits,
+                               m->experts, 1))
+        return -1;
+    for (int64_t t = 0; t < tokens; t++)
+        select_top_k(logits + t * m->experts, m->experts, top_k, r->renormalize,
+                     ids + t * top_k, weights + t * top_k);
+    if (axon_moe_experts(m, x, tokens, ids, weights, top_k, rest, y)) return -1;
+    for (int64_t i = 0; i < tokens * dim; i++) hidden[i] += y[i];
+    return 0;
+}

@@ -1,0 +1,70 @@
+"""Qwen3.5-MoE (`qwen3_5_moe`, `qwen3_5_moe_text`): the Qwen3.5 hybrid stack (see qwen3_5.py)
+with a mixture of experts in every layer: softmax top-k routed experts (always renormalised)
+plus a shared SwiGLU expert scaled by `sigmoid(shared_expert_gate(x))`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from axon.layers.activation import get_act_and_mul
+from axon.layers.fused_moe import SparseMoeBlock, expert_packed_mapping
+from axon.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from axon.models.qwen3_5 import (
+    Qwen3_5DecoderLayer,
+    Qwen3_5ForCausalLM,
+    Qwen3_5ForConditionalGeneration,
+)
+
+
+class SharedExpert(nn.Module):
+    """A SwiGLU MLP of width `shared_expert_intermediate_size`."""
+
+    def __init__(self, config):
+        super().__init__()
+        inter = config.shared_expert_intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter])
+        self.down_proj = RowParallelLinear(inter, config.hidden_size)
+        self.act_fn = get_act_and_mul(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class Qwen3_5MoeSparseBlock(SparseMoeBlock):
+    def __init__(self, config):
+        super().__init__(config, renormalize=True)
+        self.shared_expert = SharedExpert(config)
+        self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        routed = super().forward(hidden)  # [T, H]
+        shared = self.shared_expert(hidden) * torch.sigmoid(self.shared_expert_gate(hidden))
+        return routed + shared
+
+
+class Qwen3_5MoeDecoderLayer(Qwen3_5DecoderLayer):
+    mlp_cls = Qwen3_5MoeSparseBlock
+
+
+def _with_experts(model: Qwen3_5ForCausalLM) -> None:
+    model.packed_modules_mapping = {
+        **Qwen3_5ForCausalLM.packed_modules_mapping,
+        **expert_packed_mapping(model.config.num_experts),
+    }
+
+
+class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
+    layer_cls = Qwen3_5MoeDecoderLayer
+
+    def __init__(self, config):
+        super().__init__(config)
+        _with_experts(self)
+
+
+class Qwen3_5MoeForConditionalGeneration(Qwen3_5ForConditionalGeneration):
+    layer_cls = Qwen3_5MoeDecoderLayer
+
+    def __init__(self, config, enable_vision: bool = True):
+        super().__init__(config, enable_vision)
+        _with_experts(self)

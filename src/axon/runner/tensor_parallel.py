@@ -1,0 +1,365 @@
+"""Tensor parallelism around the model runner: the checks made before any rank starts, rank 0's
+start of ranks 1..N-1, the per-rank KV plan agreement and the loop those ranks run.
+
+Rank 0 (the engine process) schedules and samples; every step it sends the compact step input
+(token ids, positions, slot mapping, key slots: no activations) to the other ranks, which run
+the same forward, meet rank 0 in the all-reduces, and wait on their pipe between steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import pickle
+import time
+
+import torch
+
+from axon.config import EngineConfig
+from axon.distributed import multinode
+from axon.distributed.parallel_state import (
+    control_group,
+    destroy_tp_group,
+    init_tp_group,
+    single_rank,
+    tp_all_reduce_min,
+)
+from axon.distributed.workers import (
+    RankFailed,
+    TPWorkers,
+    die_with_parent,
+    move_tensors,
+    step_timeout_s,
+)
+from axon.loader import is_gguf, iterate_weights
+from axon.loader.gguf import iterate_gguf_file, tp_split_problem
+from axon.loader.safetensors import iterate_safetensors
+from axon.runner.memory import KVCachePlan
+
+logger = logging.getLogger(__name__)
+_IMAGE_KEYS = itertools.count()  # rank 0's name for a request's images on the other ranks
+
+# The architectures whose every layer shards (column / row / QKV / merged linears,
+# vocab-parallel embedding and LM head; Gated DeltaNet by key/value head groups).
+TP_MODEL_TYPES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+    "qwen3_5_text",
+    "qwen3_5",
+    "qwen3_vl",  # its DeepStack rows are sliced like the image rows on every rank
+)
+# Head counts that must divide by the number of ranks, where the config has them.
+_DIVIDED = (
+    "num_attention_heads",
+    "intermediate_size",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+)
+
+
+def check_tp_support(config: EngineConfig, hf_config) -> None:
+    """Raises ValueError, naming the value, unless `config.tensor_parallel_size` ranks can
+    shard this checkpoint: a sharded architecture whose heads and intermediate size divide
+    evenly (KV heads divide, or are replicated evenly); a GGUF file's row-parallel tensors
+    split on whole quant blocks."""
+    size = config.tensor_parallel_size
+    if size == 1:
+        return
+    problem = tp_split_problem(config.model, size) if is_gguf(config.model) else None
+    if problem:
+        raise ValueError(problem)
+    model_type = hf_config.model_type
+    if model_type not in TP_MODEL_TYPES:
+        raise ValueError(
+            f"tensor_parallel_size {size}: model_type {model_type!r} is not sharded yet "
+            f"(tensor-parallel architectures: {', '.join(TP_MODEL_TYPES)})"
+        )
+    text = hf_config.get_text_config()
+    for name in _DIVIDED:
+        value = getattr(text, name, None)
+        if value is not None and value % size:
+            raise ValueError(f"{name} {value} is not divisible by tensor_parallel_size {size}")
+    kv_heads = text.num_key_value_heads
+    if kv_heads % size and size % kv_heads:
+        raise ValueError(
+            f"num_key_value_heads {kv_heads} is neither divisible by nor a divisor of "
+            f"tensor_parallel_size {size}"
+        )
+    local = multinode.ranks_per_node(config)
+    if config.torch_device().type == "cuda" and torch.cuda.device_count() < local:
+        raise ValueError(
+            f"tensor_parallel_size {size} needs {local} GPUs per node, this engine sees "
+            f"{torch.cuda.device_count()}"
+        )
+
+
+def rank_device(config: EngineConfig, rank: int) -> torch.device:
+    """This rank's device: the configured one, or with CUDA and several ranks, cuda:i for the
+    node's i-th rank (of the devices the engine sees)."""
+    device = config.torch_device()
+    if device.type == "cuda" and config.tensor_parallel_size > 1:
+        device = torch.device("cuda", rank % multinode.ranks_per_node(config))
+        torch.cuda.set_device(device)
+    return device
+
+
+def model_scope(config: EngineConfig):
+    """Where a model is built: as one rank when the config has one rank (the process may hold
+    another engine's group), else in the group this process joined."""
+    return single_rank() if config.tensor_parallel_size == 1 else contextlib.nullcontext()
+
+
+def checkpoint_weights(config: EngineConfig):
+    """(name, tensor) pairs of the checkpoint; with several ranks, lazy slices of the mmapped
+    safetensors, or GGUF blocks as views of the mapped file, that each rank reads only its
+    shard of."""
+    if config.tensor_parallel_size == 1:
+        return iterate_weights(config.model)
+    if is_gguf(config.model):
+        return iterate_gguf_file(config.model, mapped=True)
+    return iterate_safetensors(config.model, sliced=True)
+
+
+def start_ranks(config: EngineConfig, hf_config, device: torch.device) -> TPWorkers | None:
+    """On rank 0: check the model shards, spawn this node's ranks 1..L-1 and join the group
+    with them (and with the other nodes' ranks, which get this config). None with one rank
+    (nothing spawned, no group: the single-rank path pays nothing)."""
+    check_tp_support(config, hf_config)
+    if config.tensor_parallel_size == 1:
+        return None
+    if config.node_rank != 0:
+        raise ValueError(
+            f"node_rank {config.node_rank} holds no engine: run it with `axon serve --headless`"
+        )
+    if torch.distributed.is_initialized():
+        raise ValueError(
+            "this process already holds a tensor-parallel group (another engine's): run one "
+            "tensor-parallel engine per process (the server gives each model its own)"
+        )
+    timeout = step_timeout_s()
+    level = logging.getLogger().getEffectiveLevel()
+    args = (config, torch.get_num_threads(), level, timeout)
+    local, rendezvous = multinode.ranks_per_node(config), multinode.rendezvous(config)
+    workers = TPWorkers.spawn(local, worker_main, args, timeout, rendezvous)
+    try:
+        workers.expect("joining")  # a rank that cannot start fails here, not in the rendezvous
+        reduce_bytes = (  # the largest all-reduce: [max batched tokens, hidden] activations
+            hf_config.get_text_config().hidden_size
+            * config.max_num_batched_tokens
+            * config.torch_dtype(hf_config).itemsize
+        )
+        size, control = config.tensor_parallel_size, multinode.control_ranks(config)
+        init_tp_group(workers.store_path, 0, size, device, timeout, reduce_bytes, control)
+        if control is not None:  # the other nodes' ranks load what this engine loads
+            workers.control = control_group()
+            multinode.send_bytes(pickle.dumps(config), workers.control, timeout)
+    except BaseException:
+        workers.close(0.0)
+        raise
+    return workers
+
+
+def stop_ranks(workers: TPWorkers | None) -> None:
+    """Rank 0's shutdown of the other ranks and of the group (nothing with one rank)."""
+    if workers is not None:
+        workers.close()
+        destroy_tp_group()
+
+
+def agree_on_plan(plan: KVCachePlan) -> KVCachePlan:
+    """The plan every rank can hold: the fewest KV blocks of any rank (block ids are rank 0's
+    and index every rank's cache alike)."""
+    (num_blocks,) = tp_all_reduce_min([plan.num_blocks])
+    if num_blocks == plan.num_blocks:
+        return plan
+    max_model_len = min(plan.max_model_len, num_blocks * plan.block_size)
+    return dataclasses.replace(plan, num_blocks=num_blocks, max_model_len=max_model_len)
+
+
+def step_input(batch, device: torch.device, images_sent: set[int]):
+    """What the other ranks need of a StepBatch, on the CPU: all of it but the sequences and,
+    in place of the tower's output, the pixels it came from (see `image_sources`)."""
+    changes: dict = {"sampling_seqs": []}
+    if batch.image_takes:
+        sources = image_sources(batch.image_takes, images_sent)
+        changes.update(image_values=None, image_deepstack=None, image_takes=sources)
+    batch = dataclasses.replace(batch, **changes)
+    return batch if device.type == "cpu" else move_tensors(batch, torch.device("cpu"))
+
+
+def image_sources(takes: list, images_sent: set[int]) -> list[tuple]:
+    """(key, (pixel_values, grid_thw) or None, first row, end row, last) per taken part of a
+    request's tower output. The pixels travel once per request (None once the ranks hold its
+    output under `key`, tracked in `images_sent`); `last` marks the part that ends its images,
+    after which the ranks drop that output (and a recompute after preemption resends)."""
+    sources, done = [], []
+    for images, taken in takes:
+        key = getattr(images, "tp_key", None)
+        if key is None:
+            key = images.tp_key = next(_IMAGE_KEYS)
+        pixels = None if key in images_sent else (images.pixel_values, images.grid_thw)
+        images_sent.add(key)
+        last = taken.stop == sum(count for _, count in images.spans)
+        sources.append((key, pixels, taken.start, taken.stop, last))
+        if last:
+            done.append(key)
+    images_sent.difference_update(done)
+    return sources
+
+
+def resolve_images(runner, batch, outputs: dict):
+    """On ranks 1..N-1: `batch` with the image rows' values from this rank's own tower run on
+    the pixels rank 0 sent (kept in `outputs` by key until the request's last image part)."""
+    if not batch.image_takes:
+        return batch
+    values, deepstack, done = [], [], []
+    for key, pixels, start, stop, last in batch.image_takes:
+        if pixels is not None:
+            outputs[key] = runner.encode_images(pixels[0], pixels[1], with_deepstack=True)
+        embeds, features = outputs[key]
+        values.append(embeds[start:stop])
+        if features is not None:
+            deepstack.append(features[:, start:stop])
+        if last:
+            done.append(key)
+    for key in done:
+        outputs.pop(key, None)
+    stacked = torch.cat(deepstack, dim=1) if deepstack else None
+    return dataclasses.replace(batch, image_values=torch.cat(values), image_deepstack=stacked)
+
+
+def run_step(runner, batch) -> torch.Tensor:
+    """Rank 0's step: fan the input out, run its own forward, drain every rank's reply. A
+    failure on rank 0 mid-forward leaves the other ranks inside a collective: the error says
+    the group is out of step (a device fault: the model is recovered in fresh processes)."""
+    workers = runner.workers
+    workers.send_step(step_input(batch, runner.device, workers.images_sent))
+    try:
+        logits = runner.run_forward(batch)
+    except Exception as exc:
+        raise RankFailed(
+            f"tensor-parallel step failed on rank 0, the process group is out of step: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    runner.workers.collect()
+    return logits
+
+
+def worker_main(rank: int, store_path: str, conn, parent_pid: int, config, threads, level, timeout):
+    """Entry point of rank `rank` (1..N-1): join the group, load this rank's shard, then run
+    every step rank 0 sends until it says shutdown (or goes away)."""
+    die_with_parent(parent_pid)
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=level, format=f"%(asctime)s tp-rank{rank}[{os.getpid()}] %(message)s")
+    from axon.runner.model_runner import ModelRunner  # this module is imported by it
+
+    try:
+        device = rank_device(config, rank)
+        conn.send(("joining",))
+        control = multinode.control_ranks(config)
+        size = config.tensor_parallel_size
+        init_tp_group(store_path, rank, size, device, timeout, control_ranks=control)
+        runner = ModelRunner(config, rank=rank, on_loaded=lambda: conn.send(("loaded",)))
+    except Exception as exc:  # noqa: BLE001 - reported to rank 0, which fails the load
+        logger.exception("rank %d failed to load", rank)
+        conn.send(("load_failed", f"{type(exc).__name__}: {exc}"))
+        return
+    if device.type == "cpu":
+        from axon.kernels import build
+
+        build.load()  # before the first step, as the engine process does
+    _serve_steps(runner, conn)
+    logging.shutdown()
+    # Straight out: tearing the group down (or torch's exit handlers) would wait on the ranks
+    # that are exiting too; the kernel frees what this process holds.
+    os._exit(0)
+
+
+def _serve_steps(runner, conn) -> None:
+    """Wait on the pipe (never on a collective with a timeout) and run each step sent."""
+    image_outputs: dict = {}  # request key -> this rank's tower output for its images
+    while True:
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # rank 0 is gone
+        if message[0] == "shutdown":
+            conn.send(("bye",))
+            return
+        if message[0] == "wedge":
+            _wedge()
+        try:
+            batch = message[1]
+            if runner.device.type != "cpu":
+                batch = move_tensors(batch, runner.device)
+            runner.run_forward(resolve_images(runner, batch, image_outputs))
+        except Exception as exc:  # noqa: BLE001 - reported to rank 0, which fails the step
+            logger.exception("step failed")
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        else:
+            conn.send(("ok",))
+
+
+def _wedge() -> None:
+    """The watchdog test's hung rank: blocks like a collective that never returns."""
+    logger.warning("debug hook: this rank's next step never returns")
+    while True:
+        time.sleep(3600)
+
+
+def remote_rank_main(rank: int, config: EngineConfig) -> int:
+    """Rank `rank` on a node other than 0: join the group over TCP, take rank 0's engine
+    arguments, load this rank's shard, then run every step rank 0 broadcasts. Returns 0 when
+    rank 0 shuts the ranks down, 1 when it is gone or a step failed here."""
+    from axon.runner.model_runner import ModelRunner  # this module is imported by it
+
+    timeout = step_timeout_s()
+    device = rank_device(config, rank)
+    init_tp_group(
+        multinode.rendezvous(config),
+        rank,
+        config.tensor_parallel_size,
+        device,
+        timeout,
+        control_ranks=multinode.control_ranks(config),
+    )
+    control = control_group()
+    sent = pickle.loads(multinode.receive_bytes(control))
+    config = dataclasses.replace(sent, model=config.model, node_rank=config.node_rank)
+    logger.info(
+        "rank %d joined %d ranks: loading %s", rank, config.tensor_parallel_size, config.model
+    )
+    runner = ModelRunner(config, rank=rank)
+    if device.type == "cpu":
+        from axon.kernels import build
+
+        build.load()  # before the first step, as the engine process does
+    return _serve_broadcast_steps(runner, control)
+
+
+def _serve_broadcast_steps(runner, control) -> int:
+    """Run each step rank 0 broadcasts. A failed step ends this rank: there is no reply
+    channel, and its exit breaks the step's collectives on rank 0 (a process-group fault)."""
+    image_outputs: dict = {}  # request key -> this rank's tower output for its images
+    while True:
+        try:
+            message = pickle.loads(multinode.receive_bytes(control))
+        except RuntimeError as exc:
+            logger.warning("rank 0 is gone (%s): exiting", exc)
+            return 1
+        if message[0] == "shutdown":
+            logger.info("rank 0 shut the ranks down")
+            return 0
+        try:
+            batch = message[1]
+            if runner.device.type != "cpu":
+                batch = move_tensors(batch, runner.device)
+            runner.run_forward(resolve_images(runner, batch, image_outputs))
+        except Exception:  # noqa: BLE001 - see the docstring
+            logger.exception("step failed: leaving the group")
+            return 1

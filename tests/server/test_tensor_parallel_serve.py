@@ -1,0 +1,151 @@
+"""Tensor parallelism through `axon serve`: a TP=2 copy of the tiny model loaded over HTTP
+answers greedy requests exactly as the TP=1 one does; kill -9 of its rank 1, or a rank that
+hangs past the step deadline, fails the model over to a fresh rank group (poisoned/recovering,
+then loaded), leaves no rank process or rendezvous directory behind, and serving resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import MODEL_ID, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+TP_ID = "tiny-tp2"
+STEP_TIMEOUT_S = 5
+
+
+def _complete(base_url: str, model: str) -> httpx.Response:
+    body = {"model": model, "prompt": "w10 w11 w12", "max_tokens": 8, "temperature": 0}
+    return httpx.post(base_url + "/v1/completions", json=body, timeout=120)
+
+
+def _entry(base_url: str, model: str = TP_ID) -> dict | None:
+    models = httpx.get(base_url + "/models", timeout=10).json()
+    return next((m for m in models if m["id"] == model), None)
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """Pids of the multiprocessing children of `pid` (its tensor-parallel ranks)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def _load_tp(base_url: str, model_dir, name: str = TP_ID) -> None:
+    spec = {"model_id": str(model_dir), "served_model_name": name, "tensor_parallel": 2}
+    loaded = httpx.post(base_url + "/models/load", json=spec, timeout=300)
+    assert loaded.status_code == 200, loaded.text
+
+
+def _wait_recovered(base_url: str, engine_pid: int) -> tuple[set, dict]:
+    """The statuses seen until a new engine serves the model, and its entry."""
+    seen, deadline = set(), time.monotonic() + 180
+    while time.monotonic() < deadline:
+        entry = _entry(base_url)
+        status = entry and entry["status"]
+        seen.add(status)
+        if status == "loaded" and entry["engine_pid"] != engine_pid:
+            break
+        time.sleep(0.1)
+    return seen, entry
+
+
+def _gone(pid: int) -> bool:
+    """Not running: absent, or a zombie waiting for its reaper."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_wedged_rank_trips_the_step_deadline(tiny_chat_model):
+    env = {"AXON_TP_STEP_TIMEOUT_S": str(STEP_TIMEOUT_S), "AXON_DEBUG_TP_WEDGE": TP_ID}
+    server = start_server(tiny_chat_model, env)
+    try:
+        _load_tp(server.base_url, tiny_chat_model)
+        engine_pid = _entry(server.base_url)["engine_pid"]
+        (rank1,) = _spawned_children(engine_pid)
+        stores = list(Path(tempfile.gettempdir()).glob(f"axon-tp-{engine_pid}-*"))
+        assert len(stores) == 1, stores
+
+        started = time.monotonic()
+        wedged = _complete(server.base_url, TP_ID)  # rank 1 never answers this step
+        assert wedged.status_code == 503, wedged.text
+        assert "deadline" in wedged.text or "gloo" in wedged.text.lower(), wedged.text
+        assert time.monotonic() - started < STEP_TIMEOUT_S + 30
+
+        seen, entry = _wait_recovered(server.base_url, engine_pid)
+        assert seen & {"poisoned", "recovering", None}, seen
+        assert entry["status"] == "loaded" and entry["engine_pid"] != engine_pid, entry
+        assert _gone(engine_pid) and _gone(rank1)
+        assert not stores[0].exists()  # swept by the new engine's start
+        again = _complete(server.base_url, TP_ID)  # the hook fires once per server
+        assert again.status_code == 200, again.text
+    finally:
+        stop_server(server)
+
+
+def test_tp2_over_http_matches_tp1_and_recovers_from_a_dead_rank(tiny_chat_model):
+    server = start_server(tiny_chat_model)
+    try:
+        _load_tp(server.base_url, tiny_chat_model)
+        want = _complete(server.base_url, MODEL_ID).json()["choices"][0]["text"]
+        got = _complete(server.base_url, TP_ID)
+        assert got.status_code == 200, got.text
+        assert got.json()["choices"][0]["text"] == want
+
+        engine_pid = _entry(server.base_url)["engine_pid"]
+        ranks = _spawned_children(engine_pid)
+        assert len(ranks) == 1, ranks
+        (rank1,) = ranks
+        os.kill(rank1, signal.SIGKILL)
+        seen, entry = _wait_recovered(server.base_url, engine_pid)
+        assert entry is not None, "the model was dropped:\n" + "".join(server.log)
+        assert _gone(rank1)
+        assert seen & {"poisoned", "recovering", None}, seen
+        assert entry["status"] == "loaded" and entry["engine_pid"] != engine_pid, entry
+        again = _complete(server.base_url, TP_ID)
+        assert again.status_code == 200, again.text
+        assert again.json()["choices"][0]["text"] == want
+    finally:
+        stop_server(server)
+
+
+def test_two_tp_models_at_once_on_one_host(tiny_chat_model):
+    """Each engine has its own rank group and rendezvous: both load, both answer (at the same
+    time), greedy equal to the TP=1 model."""
+    server = start_server(tiny_chat_model)
+    names = (TP_ID, "tiny-tp2-b")
+    try:
+        for name in names:
+            _load_tp(server.base_url, tiny_chat_model, name)
+        want = _complete(server.base_url, MODEL_ID).json()["choices"][0]["text"]
+        with ThreadPoolExecutor(len(names)) as pool:
+            replies = list(pool.map(lambda name: _complete(server.base_url, name), names))
+        for reply in replies:
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["text"] == want
+        engine_pids = [_entry(server.base_url, name)["engine_pid"] for name in names]
+        assert len(set(engine_pids)) == 2
+        for pid in engine_pids:
+            assert len(_spawned_children(pid)) == 1  # its own rank 1
+            assert len(list(Path(tempfile.gettempdir()).glob(f"axon-tp-{pid}-*"))) == 1
+    finally:
+        stop_server(server)
