@@ -122,29 +122,37 @@ def measure_latency(hidden: int, calls: int) -> dict:
 # ---- decode ---------------------------------------------------------------------------------
 
 
-def decode_rate(model_dir: Path, tp: int, backend: str, args) -> float:
-    """Best-of-`args.repeats` batch-1 decode tok/s (prefill and first token subtracted)."""
+def decode_rate(model_dir: Path, tp: int, backend: str, args) -> tuple[float, float]:
+    """(batch-1 decode tok/s, `args.streams`-stream decode tok/s), best of `args.repeats`, the
+    prefill and first token subtracted."""
     from axon import LLM, SamplingParams
 
     os.environ["AXON_TP_ALLREDUCE"] = backend
     torch.set_num_threads(args.threads if tp == 1 else args.tp_threads)
-    llm = LLM(str(model_dir), dtype="float32", tensor_parallel_size=tp, max_model_len=1024)
-    prompt = [random.Random(0).randrange(1000) for _ in range(args.prompt_len)]
+    llm = LLM(
+        str(model_dir), dtype="float32", tensor_parallel_size=tp, max_model_len=1024,
+        max_num_seqs=max(args.streams, 1),
+    )  # fmt: skip
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1000) for _ in range(args.prompt_len)] for _ in range(args.streams)]
 
-    def run(max_tokens: int) -> float:
+    def run(batch: list[list[int]], max_tokens: int) -> float:
         llm.engine.reset_prefix_cache()
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         start = time.perf_counter()
-        llm.generate([{"prompt_token_ids": prompt}], params)
+        llm.generate([{"prompt_token_ids": p} for p in batch], params)
         return time.perf_counter() - start
 
-    try:
-        run(4)  # warm-up
+    def rate(batch: list[list[int]]) -> float:
         best = 0.0
         for _ in range(args.repeats):
-            t_one, t_full = run(1), run(args.new_tokens)
-            best = max(best, (args.new_tokens - 1) / max(t_full - t_one, 1e-9))
+            t_one, t_full = run(batch, 1), run(batch, args.new_tokens)
+            best = max(best, len(batch) * (args.new_tokens - 1) / max(t_full - t_one, 1e-9))
         return best
+
+    try:
+        run(prompts[:1], 4)  # warm-up
+        return rate(prompts[:1]), rate(prompts)
     finally:
         if tp > 1:
             llm.engine.close()
@@ -168,18 +176,22 @@ def print_latency(latency: dict, hidden: int) -> None:
         )
 
 
-def print_decode(rates: dict, latency: dict, layers: int) -> None:
+def print_decode(rates: dict, latency: dict, layers: int, streams: int) -> None:
     # Per decode step: 2 reduces per layer + the vocab-parallel embedding's, and the LM head's
     # gather (about the same size at batch 1).
     calls = 2 * layers + 2
-    print("\n### Batch-1 decode (tok/s, best of the repeats)\n")
-    print("| run | tok/s | vs TP=1 | all-reduce per step (est.) |")
-    print("|---|---|---|---|")
-    base = rates["tp1"]
+    print("\n### Decode (tok/s, best of the repeats)\n")
+    print(f"| run | batch 1 | vs TP=1 | {streams} streams | vs TP=1 | all-reduce per step (est.) |")
+    print("|---|---|---|---|---|---|")
+    (one, many) = rates["tp1"]
     for key, label in (("tp1", "TP=1"), ("gloo", "TP=2, gloo"), ("shm", "TP=2, shm")):
         per_step = "-" if key == "tp1" else f"{calls * latency[(key, 1)] * 1e3:.2f} ms"
-        print(f"| {label} | {rates[key]:.1f} | {rates[key] / base:.2f}x | {per_step} |")
-    print(f"\nTP=2 shm / TP=2 gloo: {rates['shm'] / rates['gloo']:.2f}x")
+        single, multi = rates[key]
+        print(
+            f"| {label} | {single:.1f} | {single / one:.2f}x | {multi:.1f} | {multi / many:.2f}x "
+            f"| {per_step} |"
+        )
+    print(f"\nTP=2 shm / TP=2 gloo, batch 1: {rates['shm'][0] / rates['gloo'][0]:.2f}x")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -189,6 +201,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=16, help="concurrent decode streams")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="TP=1")
     parser.add_argument("--tp-threads", type=int, default=max(1, torch.get_num_threads() // 2))
     parser.add_argument("--skip-decode", action="store_true")
@@ -215,7 +228,7 @@ def main(argv=None) -> int:
     rates["gloo"] = decode_rate(model_dir, 2, "gloo", args)
     rates["shm"] = decode_rate(model_dir, 2, "shm", args)
     print(f"\nthreads: TP=1 {args.threads}, each TP=2 rank {args.tp_threads}")
-    print_decode(rates, latency, shape["num_hidden_layers"])
+    print_decode(rates, latency, shape["num_hidden_layers"], args.streams)
     return 0
 
 

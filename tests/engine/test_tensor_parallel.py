@@ -4,6 +4,8 @@ through the batched, paged, chunked engine, with each rank holding only its shar
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -104,3 +106,16 @@ def test_checkpoint_slice_reads_its_part(tiny):
 def test_a_second_group_in_one_process_is_refused(pair, tiny):
     with pytest.raises(ValueError, match="one tensor-parallel engine per process"):
         LLM(str(tiny.path), tensor_parallel_size=2, **ENGINE_ARGS)
+
+
+@pytest.mark.gpu
+def test_tp_smoke_nccl_group_on_one_device():
+    """A TP=1 NCCL group on the first GPU: spawn, init, all-reduce sanity, shut down."""
+    result = subprocess.run(
+        [sys.executable, "-m", "axon", "tp-smoke", "--tp-size", "1", "--devices", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "status=ok tp_size=1" in result.stdout

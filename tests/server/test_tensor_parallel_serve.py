@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from .conftest import MODEL_ID, start_server, stop_server
@@ -102,28 +103,59 @@ def test_a_wedged_rank_trips_the_step_deadline(tiny_chat_model):
         stop_server(server)
 
 
+def _open_stream(base_url: str, model: str):
+    """A long greedy stream through the official openai client, started and first chunk read;
+    returns (the stream, a function that reads it to its end: ("done" | the error, seconds))."""
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    stream = client.completions.create(
+        model=model, prompt="w1 w2", max_tokens=1500, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    next(iter(stream))
+
+    def drain(started: float) -> tuple[str, float]:
+        try:
+            for _chunk in stream:
+                pass
+        except Exception as exc:  # noqa: BLE001 - the error the client surfaces is the point
+            return repr(exc), time.monotonic() - started
+        return "done", time.monotonic() - started
+
+    return stream, drain
+
+
 def test_tp2_over_http_matches_tp1_and_recovers_from_a_dead_rank(tiny_chat_model):
     server = start_server(tiny_chat_model)
     try:
         _load_tp(server.base_url, tiny_chat_model)
-        want = _complete(server.base_url, MODEL_ID).json()["choices"][0]["text"]
-        got = _complete(server.base_url, TP_ID)
-        assert got.status_code == 200, got.text
-        assert got.json()["choices"][0]["text"] == want
+        client = openai.OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0)
+
+        def complete(model: str) -> str:
+            reply = client.completions.create(
+                model=model, prompt="w10 w11 w12", max_tokens=8, temperature=0
+            )
+            return reply.choices[0].text
+
+        want = complete(MODEL_ID)
+        assert complete(TP_ID) == want
 
         engine_pid = _entry(server.base_url)["engine_pid"]
         ranks = _spawned_children(engine_pid)
         assert len(ranks) == 1, ranks
         (rank1,) = ranks
-        os.kill(rank1, signal.SIGKILL)
+        streams = [_open_stream(server.base_url, TP_ID) for _ in range(2)]  # mid-stream
+        with ThreadPoolExecutor(len(streams)) as pool:
+            killed_at = time.monotonic()
+            os.kill(rank1, signal.SIGKILL)
+            ends = list(pool.map(lambda s: s[1](killed_at), streams))
+        for outcome, seconds in ends:
+            assert outcome != "done" and seconds < 10, (outcome, seconds)
         seen, entry = _wait_recovered(server.base_url, engine_pid)
         assert entry is not None, "the model was dropped:\n" + "".join(server.log)
         assert _gone(rank1)
         assert seen & {"poisoned", "recovering", None}, seen
         assert entry["status"] == "loaded" and entry["engine_pid"] != engine_pid, entry
-        again = _complete(server.base_url, TP_ID)
-        assert again.status_code == 200, again.text
-        assert again.json()["choices"][0]["text"] == want
+        assert complete(TP_ID) == want
     finally:
         stop_server(server)
 
