@@ -19,7 +19,7 @@ from transformers import GenerationConfig, Qwen3VLConfig
 from transformers import Qwen3VLForConditionalGeneration as HFQwen3VL
 
 from axon import LLM, SamplingParams
-from axon.engine.llm import expand_image_placeholders
+from axon.models.mrope import expand_image_placeholders
 from axon.models.qwen3_vl import Qwen3VLForConditionalGeneration
 from axon.multimodal.processor import ImageProcessor, ProcessorConfig
 

@@ -15,6 +15,7 @@ from PIL import Image
 from axon.config import EngineConfig
 from axon.engine.engine_core import EngineCore
 from axon.engine.output_processor import RequestState
+from axon.models.mrope import expand_image_placeholders
 from axon.multimodal.processor import ImageProcessor, ProcessorConfig
 from axon.outputs import RequestOutput
 from axon.sampling_params import SamplingParams
@@ -43,24 +44,6 @@ def load_tokenizer(path: str):
         except (OSError, ValueError, TypeError) as exc:
             logger.warning("no tokenizer from %s (%s); only token-id prompts work", path, exc)
             return None
-
-
-def expand_image_placeholders(
-    token_ids: list[int], counts: list[int], image_token_id: int
-) -> list[int]:
-    """`token_ids` with the i-th image placeholder token repeated `counts[i]` times. Raises
-    ValueError when the number of placeholders is not the number of images."""
-    places = [index for index, token in enumerate(token_ids) if token == image_token_id]
-    if len(places) != len(counts):
-        raise ValueError(
-            f"prompt has {len(places)} image placeholders (<|image_pad|>, token id "
-            f"{image_token_id}) but {len(counts)} images"
-        )
-    expanded, cursor = [], 0
-    for place, count in zip(places, counts):
-        expanded += token_ids[cursor:place] + [image_token_id] * count
-        cursor = place + 1
-    return expanded + token_ids[cursor:]
 
 
 class LLM:

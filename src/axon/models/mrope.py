@@ -82,3 +82,21 @@ def mrope_positions(
     positions = torch.cat(pieces, dim=1)  # [3, T]
     delta = int(positions.max()) + 1 - len(token_ids) if token_ids else 0
     return positions, delta
+
+
+def expand_image_placeholders(
+    token_ids: list[int], counts: list[int], image_token_id: int
+) -> list[int]:
+    """`token_ids` with the i-th image placeholder token repeated `counts[i]` times. Raises
+    ValueError when the number of placeholders is not the number of images."""
+    places = [index for index, token in enumerate(token_ids) if token == image_token_id]
+    if len(places) != len(counts):
+        raise ValueError(
+            f"prompt has {len(places)} image placeholders (<|image_pad|>, token id "
+            f"{image_token_id}) but {len(counts)} images"
+        )
+    expanded, cursor = [], 0
+    for place, count in zip(places, counts):
+        expanded += token_ids[cursor:place] + [image_token_id] * count
+        cursor = place + 1
+    return expanded + token_ids[cursor:]

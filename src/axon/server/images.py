@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from axon.models.mrope import image_spans
+from axon.models.mrope import expand_image_placeholders, image_spans
 from axon.multimodal.fetch import MediaPolicy, fetch_image
 from axon.multimodal.image import InvalidImage
 from axon.multimodal.processor import (
-    NEURON_FIXED_SIDE,
     ImageProcessor,
     ProcessedImage,
     ProcessorConfig,
@@ -34,7 +32,6 @@ IMAGE_PART_TYPES = ("image_url", "image")  # chat's image part, and HF's
 DETAILS = ("auto", "low", "high")
 # OpenAI's "low" detail: the image at most 512x512 pixels, whatever the server's band allows.
 LOW_DETAIL_PIXELS = 512 * 512
-IMAGE_PROFILES = {"native": None, "fixed448": NEURON_FIXED_SIDE}
 
 
 @dataclass(frozen=True)
@@ -116,14 +113,13 @@ class ImageFrontend:
         with the engine's pixel cap and profile, exactly as the engine planned memory for."""
         if not info:
             return None
-        path = Path(model_path) / "preprocessor_config.json"
-        if not path.is_file():
+        try:
+            config = ProcessorConfig.for_engine(
+                model_path, info.get("max_image_pixels"), info.get("image_profile") or "native"
+            )
+        except FileNotFoundError:
             logger.warning("%s has a vision tower but no preprocessor_config.json", model_path)
             return None
-        config = ProcessorConfig.from_file(path).with_limits(
-            max_image_pixels=info.get("max_image_pixels"),
-            fixed_side=IMAGE_PROFILES[info.get("image_profile") or "native"],
-        )
         return cls(config, policy, info)
 
     def load(self, parts: list[ImagePart]) -> RequestImages:
@@ -151,20 +147,16 @@ class ImageFrontend:
         the way the engine lays images out. Raises BadRequest when the rendered prompt's
         placeholders do not match the images (a template that drops image parts, or a text
         that spells the placeholder tokens itself)."""
-        places = [i for i, token in enumerate(token_ids) if token == self.image_token_id]
-        if len(places) != len(images.images):
+        counts = [image.num_tokens for image in images.images]
+        try:
+            expanded = expand_image_placeholders(token_ids, counts, self.image_token_id)
+        except ValueError:
             raise BadRequest(
-                f"the chat template rendered {len(places)} image placeholders for "
-                f"{len(images.images)} images; this model's template cannot place them",
+                f"the chat template rendered a different number of image placeholders than the "
+                f"{len(counts)} images; this model's template cannot place them",
                 code="invalid_image",
                 param=param,
-            )
-        expanded: list[int] = []
-        cursor = 0
-        for place, image in zip(places, images.images):
-            expanded += token_ids[cursor:place] + [self.image_token_id] * image.num_tokens
-            cursor = place + 1
-        expanded += token_ids[cursor:]
+            ) from None
         grids = [image.grid_thw for image in images.images]
         try:
             image_spans(

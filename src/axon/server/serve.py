@@ -62,6 +62,19 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         help="a directory POST /models/load may name local models and chat templates in "
         "(repeatable; default: the working directory, the HF cache and axon's model cache)",
     )
+    _add_media_args(parser)
+    parser.add_argument("--log-level", help="debug, info (default), warning, error")
+    parser.add_argument(
+        "--no-demo",
+        action="store_true",
+        help="with no MODEL and no default_models, start empty instead of serving the demo model",
+    )
+    _add_engine_args(
+        parser.add_argument_group("engine defaults (every model; a load spec overrides them)")
+    )
+
+
+def _add_media_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allowed-media-domains",
         nargs="+",
@@ -72,13 +85,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allowed-local-media-path", metavar="DIR", help="file:// image URLs may read under DIR"
     )
-    parser.add_argument("--log-level", help="debug, info (default), warning, error")
-    parser.add_argument(
-        "--no-demo",
-        action="store_true",
-        help="with no MODEL and no default_models, start empty instead of serving the demo model",
-    )
-    group = parser.add_argument_group("engine defaults (every model; a load spec overrides them)")
+
+
+def _add_engine_args(group) -> None:
     group.add_argument("--dtype", help="auto, float32, bfloat16, float16")
     group.add_argument("--max-model-len", type=int, help="longest prompt + output")
     group.add_argument("--max-num-seqs", type=int, help="sequences per engine step")
