@@ -4,8 +4,10 @@ spawning the command to the first successful chat completion (issue 16, point 5)
 Each run starts `axon serve --port 0`, reads the port from its "listening on" line, then sends a
 one-token chat completion every 50 ms until one answers 200, and stops the server (SIGTERM). The
 breakdown is the arrival time of each milestone line in the server's log (stderr), relative to
-the spawn; `cpu` is the CPU seconds of the server and its engine together (the machine may be
-shared, so CPU time is the steadier measure; the load average is printed with the numbers).
+the spawn; `cpu` is the CPU seconds of the server and its engine together, start to exit, and
+`http cpu` / `engine cpu` those of each process up to the first answer (read from /proc then).
+The machine may be shared, so CPU time is the steadier measure; the load average is printed
+with the numbers.
 
     .venv/bin/python benchmarks/cold_start.py --runs 3            # warm starts (caches as they are)
     .venv/bin/python benchmarks/cold_start.py --runs 3 --fresh    # run 1 with an empty cache dir
@@ -117,6 +119,7 @@ def one_start(env: dict, timeout: float) -> dict:
         if not reader.port_seen.wait(timeout) or reader.port is None:
             raise RuntimeError("the server never said where it listens")
         answered = first_completion(reader.port, start + timeout) - start
+        cpu_at_answer = _process_cpu(process.pid, reader.lines)
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -130,9 +133,27 @@ def one_start(env: dict, timeout: float) -> dict:
     return {
         "total": answered,
         "cpu": cpu,
+        **cpu_at_answer,
         "milestones": _milestones(reader.lines),
         "log": reader.lines,
     }
+
+
+def _process_cpu(server_pid: int, lines: list[tuple[float, str]]) -> dict[str, float]:
+    """{"http_cpu", "engine_cpu"}: CPU seconds (user + system) each process has used so far;
+    the engine's pid is the one its log lines carry."""
+    engine = next((m for _, line in lines if (m := re.search(r"engine\[(\d+)\]", line))), None)
+    pids = {"http_cpu": server_pid, "engine_cpu": int(engine.group(1)) if engine else None}
+    return {key: _cpu_seconds(pid) for key, pid in pids.items()}
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """utime + stime of `pid` from /proc (nan when it cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _milestones(lines: list[tuple[float, str]]) -> dict[str, float]:
@@ -147,11 +168,17 @@ def _milestones(lines: list[tuple[float, str]]) -> dict[str, float]:
 def report(runs: list[dict], fresh: bool) -> None:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average (1/5/15 min) at the end: {load}; CPUs: {os.cpu_count()}")
-    print(f"{'run':<10}{'first answer s':>15}{'cpu s':>8}   breakdown (s after spawn)")
+    print(
+        f"{'run':<12}{'first answer s':>15}{'cpu s':>7}{'http cpu':>9}{'engine cpu':>11}"
+        "   breakdown (s after spawn)"
+    )
     for index, run in enumerate(runs, 1):
         kind = "first-ever" if fresh and index == 1 else "warm"
         steps = ", ".join(f"{label} {at:.1f}" for label, at in run["milestones"].items())
-        print(f"{index} {kind:<8}{run['total']:>15.2f}{run['cpu']:>8.1f}   {steps}")
+        print(
+            f"{index} {kind:<10}{run['total']:>15.2f}{run['cpu']:>7.1f}{run['http_cpu']:>9.1f}"
+            f"{run['engine_cpu']:>11.1f}   {steps}"
+        )
     warm = [run["total"] for run in runs[1 if fresh else 0 :]]
     if warm:
         print(f"warm starts: median {statistics.median(warm):.2f} s, best {min(warm):.2f} s")

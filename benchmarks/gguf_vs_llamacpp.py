@@ -14,6 +14,13 @@ minutes on 2 cores, logged to <venv>.log.
     PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py                # the demo model
     PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py --qwen3        # + Qwen3-shaped Q8_0, Q4_K
     PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py --model x.gguf --threads 1
+    PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py --busy-core --decode-only
+
+--busy-core [CPU] runs a fixed synthetic load during both engines' measurements: one process
+spinning in a tight Python loop, pinned to CPU (default 1) with sched_setaffinity, the way a
+second program busy on one core of the machine would be. --axon-env KEY=VALUE sets environment
+variables for one more axon worker, alternated with the others in the same run (e.g.
+--axon-env OMP_WAIT_POLICY=ACTIVE --axon-env GOMP_SPINCOUNT=300000, to compare thread policies).
 
 --qwen3 writes the random Qwen3 model of benchmarks/offline_throughput.py as an F16 GGUF (with
 gguf-py and a placeholder vocab: prompts are token ids) and quantizes it with llama.cpp's
@@ -23,6 +30,7 @@ gguf-py and a placeholder vocab: prompts are token ids) and quantizes it with ll
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -79,13 +87,16 @@ def quantize(python: Path, source: Path, target: Path, ftype: str) -> Path:
 
 def axon_worker(job: dict) -> dict:
     """axon's side of one measurement (in its own process: see main)."""
+    from axon.runner.threads import apply_thread_policy
+
+    policy = apply_thread_policy()  # as the engine process does: before torch loads libgomp
     import torch
     import transformers
 
     from axon import LLM, SamplingParams
     from axon.kernels import ggml_cpu
 
-    torch.set_num_threads(job["threads"])
+    torch.set_num_threads(policy.threads)  # --threads, unless an --axon-env variant sets it
     _ = transformers.AutoConfig, transformers.AutoTokenizer, ggml_cpu.available()
     base = _rss()
     llm = LLM(
@@ -95,7 +106,6 @@ def axon_worker(job: dict) -> dict:
         max_num_seqs=max(job["streams"]),
         max_num_batched_tokens=2048,
     )
-    resident = _rss() - base
 
     def run(prompts: list[list[int]], tokens: int) -> float:
         params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
@@ -104,6 +114,7 @@ def axon_worker(job: dict) -> dict:
         return time.perf_counter() - start
 
     run([job["decode_prompt"][:8]], 2)  # warm up
+    resident = _rss() - base  # as llama.cpp's: after a warm-up has touched the mapped weights
     prefill = run([job["prefill_prompt"]], 1)
     one = run([job["decode_prompt"]], 1)
     full = run([job["decode_prompt"]], job["decode_tokens"])
@@ -148,8 +159,8 @@ def make_job(model: Path, args: argparse.Namespace, vocab: int) -> dict:
     }
 
 
-def run_worker(command: list[str], job: dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]))
+def run_worker(command: list[str], job: dict, extra_env: dict[str, str]) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), **extra_env}
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
     )
@@ -176,10 +187,14 @@ def compare(model: Path, llama_python: Path, args: argparse.Namespace) -> dict:
     job = make_job(model, args, vocab)
     axon_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
     llama_cmd = [str(llama_python), str(BENCH / "llamacpp_worker.py")]
-    runs: dict[str, list[dict]] = {"axon": [], "llama.cpp": []}
+    engines = {"axon": (axon_cmd, {})}  # name: (command, extra environment)
+    for variant in args.axon_env:  # each --axon-env is one more axon, alternated with the rest
+        engines[f"axon {variant}"] = (axon_cmd, dict(i.split("=", 1) for i in variant.split(",")))
+    engines["llama.cpp"] = (llama_cmd, {})
+    runs: dict[str, list[dict]] = {name: [] for name in engines}
     for repeat in range(args.repeats):
-        for name, command in (("axon", axon_cmd), ("llama.cpp", llama_cmd)):
-            runs[name].append(run_worker(command, job))
+        for name, (command, extra_env) in engines.items():
+            runs[name].append(run_worker(command, job, extra_env))
             print(f"  {model.name} {name} #{repeat + 1}: {json.dumps(runs[name][-1])}", flush=True)
     return {
         "model": model.name,
@@ -200,6 +215,31 @@ def bytes_read_per_token(model: Path) -> int:
     return sum(tensors.values())
 
 
+BUSY_LOOP = """import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+parent = os.getppid()
+while os.getppid() == parent:  # a pure spin; it ends with the benchmark, however that ends
+    for _ in range(1_000_000):
+        pass
+"""
+
+
+@contextlib.contextmanager
+def busy_core(cpu: int | None):
+    """A process spinning on `cpu` (pinned: it never moves to another core) while the block
+    runs; nothing when `cpu` is None."""
+    if cpu is None:
+        yield
+        return
+    load = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(cpu)])
+    print(f"busy core: pid {load.pid} spinning on CPU {cpu}", flush=True)
+    try:
+        yield
+    finally:
+        load.kill()
+        load.wait()
+
+
 def table(results: list[dict], threads: int) -> str:
     streams = sorted({int(n) for r in results for n in r["axon"]["streams_tok_s"]})
     lines = [
@@ -209,7 +249,7 @@ def table(results: list[dict], threads: int) -> str:
         "| --- " * (5 + len(streams)) + "|",
     ]
     for r in results:
-        for name in ("axon", "llama.cpp"):
+        for name in engine_names(r):
             m = r[name]
             gbs = m["decode_tok_s"] * r["read_bytes"] / 1e9
             s = m["streams_tok_s"]
@@ -218,20 +258,30 @@ def table(results: list[dict], threads: int) -> str:
                 f"{m['prefill_tok_s']:.0f} | {m['decode_tok_s']:.1f} ({gbs:.1f}) | "
                 + "".join(f"{s.get(str(n), 0):.1f} | " for n in streams)
             )
-        a, b = r["axon"], r["llama.cpp"]
-        ratios = []
-        for n in streams:
-            ratio = a["streams_tok_s"][str(n)] / b["streams_tok_s"][str(n)]
-            ratios.append(
-                f"**{ratio:.2f}** (target {TARGET_16_STREAMS}) | " if n == 16 else f"{ratio:.2f} | "
-            )
-        lines.append(
-            f"| {r['model']} | **axon / llama.cpp** | {a['rss_bytes'] / b['rss_bytes']:.2f} | "
-            f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f} | "
-            f"**{a['decode_tok_s'] / b['decode_tok_s']:.2f}** (target {TARGET_DECODE}) | "
-            + "".join(ratios)
-        )
+        for name in engine_names(r)[:-1]:
+            lines.append(ratio_row(r, name, streams))
     return "\n".join(lines)
+
+
+def engine_names(result: dict) -> list[str]:
+    """axon, its --axon-env variants, then llama.cpp."""
+    return [k for k in result if k.startswith("axon")] + ["llama.cpp"]
+
+
+def ratio_row(r: dict, name: str, streams: list[int]) -> str:
+    a, b = r[name], r["llama.cpp"]
+    ratios = []
+    for n in streams:
+        ratio = a["streams_tok_s"][str(n)] / b["streams_tok_s"][str(n)]
+        ratios.append(
+            f"**{ratio:.2f}** (target {TARGET_16_STREAMS}) | " if n == 16 else f"{ratio:.2f} | "
+        )
+    return (
+        f"| {r['model']} | **{name} / llama.cpp** | {a['rss_bytes'] / b['rss_bytes']:.2f} | "
+        f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f} | "
+        f"**{a['decode_tok_s'] / b['decode_tok_s']:.2f}** (target {TARGET_DECODE}) | "
+        + "".join(ratios)
+    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -249,6 +299,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--kv-bytes", type=int, default=256 << 20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--llamacpp-venv", type=Path, default=CACHE / "llamacpp-venv")
+    parser.add_argument(
+        "--prefill-only",
+        action="store_true",
+        help="measure prefill (and memory) only: decode and streams shrink to a token or two",
+    )
+    parser.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="measure batch-1 decode (and memory) only: prefill and streams shrink to a token",
+    )
+    parser.add_argument(
+        "--busy-core",
+        type=int,
+        nargs="?",
+        const=1,
+        metavar="CPU",
+        help="keep CPU (default 1) busy with a pinned spinning process during the measurements",
+    )
+    parser.add_argument(
+        "--axon-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="one more axon, run with this environment (thread-policy experiments); repeatable",
+    )
     parser.add_argument("--json", type=Path, help="write the results here too")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -272,12 +347,19 @@ def models(args: argparse.Namespace, llama_python: Path) -> list[Path]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.prefill_only:  # the decode and stream columns are then meaningless; kept cheap
+        args.decode_prompt_len, args.decode_tokens = 8, 2
+        args.streams, args.stream_prompt_len, args.stream_tokens = [1], 8, 2
+    if args.decode_only:  # the prefill and stream columns are then meaningless; kept cheap
+        args.prefill_len = 8
+        args.streams, args.stream_prompt_len, args.stream_tokens = [1], 8, 2
     if args.worker:
         print(json.dumps(axon_worker(json.load(sys.stdin))))
         return 0
     sys.path.insert(0, str(BENCH))
     llama_python = ensure_llamacpp(args.llamacpp_venv)
-    results = [compare(model, llama_python, args) for model in models(args, llama_python)]
+    with busy_core(args.busy_core):
+        results = [compare(model, llama_python, args) for model in models(args, llama_python)]
     print(table(results, args.threads))
     if args.json:
         args.json.write_text(json.dumps({"threads": args.threads, "results": results}, indent=1))

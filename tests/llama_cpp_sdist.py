@@ -5,10 +5,12 @@ the GGUF tests run its `convert_hf_to_gguf.py`."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,16 @@ SDIST_CACHE = CACHE / "llama-cpp-python"
 # Copies other scripts of this project may already have fetched (the benchmarks' llama.cpp).
 SDIST_ELSEWHERE = (Path("/tmp/lcp"), Path.home() / ".cache" / "axon-bench")
 LLAMA_CPP_IN_SDIST = "vendor/llama.cpp/"
+
+
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Held while one test process fills a shared entry of CACHE: the suite runs in several
+    pytest-xdist workers, and two of them may reach the same cold entry at once."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _find_sdist(directory: Path) -> Path | None:
@@ -44,7 +56,11 @@ def download_sdist() -> Path:
 def extract_llama_cpp(subdir: str, wanted: Callable[[str], bool], suffix: str = "") -> Path:
     """The directory holding the members of the sdist's `vendor/llama.cpp/<subdir>` whose path
     below it `wanted` accepts (extracted once, into SDIST_CACHE/<sdist name><suffix>)."""
-    sdist = download_sdist()
+    with cache_lock("sdist"):
+        return _extract(download_sdist(), subdir, wanted, suffix)
+
+
+def _extract(sdist: Path, subdir: str, wanted: Callable[[str], bool], suffix: str) -> Path:
     prefix = LLAMA_CPP_IN_SDIST + subdir
     target = SDIST_CACHE / (sdist.name.removesuffix(".tar.gz") + suffix)
     done = target / ".extracted"

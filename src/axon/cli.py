@@ -20,6 +20,11 @@ from typing import Any, TextIO
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_MAX_TOKENS = 128
+INT8_HELP = (
+    "int8: batched steps (2+ tokens: prefill, multi-stream decode) on GGUF weights quantize "
+    "activations to 8 bits per block (llama.cpp's Q8_K / Q8_0) and use integer dot products; "
+    "batch-1 decode stays exact (default: float32, exact)"
+)
 
 # Binary units: 512M is 512 MiB. An optional B or iB may follow (512MB, 512MiB, 100B).
 _SIZE_RE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?:(?P<unit>[kmgt])(?:i?b)?|b)?", re.I)
@@ -35,6 +40,7 @@ _ENGINE_KEYS = (
     "enable_prefix_caching",
     "kv_cache_memory",
     "tensor_parallel_size",
+    "activation_precision",
 )
 
 
@@ -115,6 +121,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="KV cache size in bytes; binary suffixes allowed: 512M, 2G",
     )
+    group.add_argument("--activation-precision", choices=("float32", "int8"), help=INT8_HELP)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads where a device is touched: the HTTP process never needs it
+    import torch
 
+# --dtype names -> torch's names for them
 _DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
 
 
@@ -64,6 +67,10 @@ class EngineConfig:
     # (prefill only). "auto": embed when the checkpoint has a sentence-transformers pooling
     # config (modules.json), else generate.
     task: str = "auto"
+    # "int8": batched steps (2+ tokens) on GGUF weights quantize each token's activations to
+    # 8 bits per block (llama.cpp's Q8_K / Q8_0) and use integer dot products; "float32" (the
+    # default) is the exact path. Batch-1 decode stays exact either way.
+    activation_precision: str = "float32"
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -102,6 +109,16 @@ class EngineConfig:
         )
         check(0 < self.master_port < 65536, "master_port", "must be in [1, 65535]")
         check(self.task in ("auto", "generate", "embed"), "task", "must be auto, generate or embed")
+        check(
+            self.activation_precision in ("float32", "int8"),
+            "activation_precision",
+            "must be float32 or int8",
+        )
+        check(
+            self.activation_precision == "float32" or str(self.model).lower().endswith(".gguf"),
+            "activation_precision",
+            f"int8 applies to GGUF weights only, and {self.model!r} is not a .gguf file",
+        )
         check(self.max_images_per_prompt >= 0, "max_images_per_prompt", "must be >= 0")
         check(
             self.max_image_pixels is None or self.max_image_pixels >= 1,
@@ -136,16 +153,20 @@ class EngineConfig:
         return cls(model=model, **{k: v for k, v in kwargs.items() if v is not None})
 
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     def torch_dtype(self, hf_config) -> torch.dtype:
+        import torch
+
         if self.dtype != "auto":
-            return _DTYPES[self.dtype]
+            return getattr(torch, _DTYPES[self.dtype])
         if self.torch_device().type == "cpu":
             return torch.float32
         checkpoint = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         if isinstance(checkpoint, str):
-            checkpoint = _DTYPES.get(checkpoint)
+            checkpoint = getattr(torch, _DTYPES.get(checkpoint, ""), None)
         return checkpoint if checkpoint in (torch.bfloat16, torch.float16) else torch.bfloat16

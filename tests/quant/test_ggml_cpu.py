@@ -1,15 +1,20 @@
 """The C kernel (kernels/ggml_cpu.c) against its reference twin: dequantization bit for bit,
 matmuls within float32 summation-order error of `F.linear(x, dequantize(W))`, at decode batches
-and past MAX_TOKENS (dequantize + F.linear). The int4 fallback keeps its own bf16 bound."""
+and past MAX_TOKENS (dequantized panels). The int4 fallback keeps its own bf16 bound."""
 
 from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from axon.kernels import ggml_cpu
+from axon.kernels import build, ggml_cpu
 from axon.kernels.ggml_dequant import dequantize_rows_ref
 from axon.kernels.ggml_int4 import INT4_TYPES, int4_matmul, repack_int4
 from axon.layers.quantized import QuantizedMatmul, QuantizedTensor, matmul_ref
@@ -44,6 +49,48 @@ def test_matmul_matches_the_reference_in_float32(qtype, batch):
     got, want = matmul(x), matmul_ref(x, qt)
     assert got.shape == (batch, ROWS) and got.dtype == torch.float32
     assert float((got - want).abs().max()) <= FP32_RTOL * float(want.abs().max()), qtype.name
+
+
+def _long_rows(qtype: Q, rows: int) -> torch.Tensor:
+    """`rows` raw rows (more than one panel of the long-batch kernel at COLS wide)."""
+    raw = _tensor(qtype).data
+    return torch.cat([raw] * (rows // ROWS + 1))[:rows].contiguous()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return float((got - want).abs().max()) <= FP32_RTOL * float(want.abs().max())
+
+
+@pytest.mark.parametrize("qtype", C_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("tokens", [65, 200, 513])
+def test_long_batches_match_the_reference(qtype, tokens):
+    """Past MAX_TOKENS: an odd row count over several panels, every token-tile remainder."""
+    raw = _long_rows(qtype, 139)
+    x = torch.randn(tokens, COLS, generator=torch.Generator().manual_seed(tokens))
+    got = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS).matmul(x)
+    want = torch.nn.functional.linear(x, dequantize_rows_ref(raw, qtype, COLS))
+    assert got.shape == (tokens, 139) and _close(got, want), qtype.name
+
+
+def test_long_batches_fill_each_part_of_a_strided_output():
+    parts = [(Q.Q4_K, 37), (Q.Q6_K, 101), (Q.Q8_0, 6)]  # e.g. q, k, v in different formats
+    raws = [(int(qtype), _long_rows(qtype, rows)) for qtype, rows in parts]
+    x = torch.randn(130, COLS, generator=torch.Generator().manual_seed(1))
+    wide = torch.full((130, 150), 7.0)
+    weights = ggml_cpu.GGMLWeights(raws, COLS)
+    weights.matmul(x, out=wide[:, 3:147])
+    want = torch.cat(
+        [torch.nn.functional.linear(x, dequantize_rows_ref(raw, t, COLS)) for t, raw in raws], 1
+    )
+    assert _close(wide[:, 3:147], want)
+    assert (wide[:, :3] == 7.0).all() and (wide[:, 147:] == 7.0).all()  # nothing else written
+
+
+def test_long_batches_of_a_dense_float32_weight():
+    weight = torch.randn(70, 96, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(300, 96, generator=torch.Generator().manual_seed(3))
+    got = ggml_cpu.dense_weights(weight).matmul(x)
+    assert _close(got, torch.nn.functional.linear(x, weight))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
@@ -126,3 +173,39 @@ def test_small_batch_linear_matches_f_linear(rows, cols):
     assert (linear._weights is not None) == (cols % 32 == 0 and rows <= linear.MAX_ROWS)
     weight.data = torch.randn(70, cols, generator=gen)  # a reload: re-prepared, not stale
     assert torch.allclose(linear(x, weight), torch.nn.functional.linear(x, weight), atol=1e-4)
+
+
+def _has_avx512_vnni() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512bw" in flags and "avx512_vnni" in flags
+
+
+@pytest.fixture(scope="module")
+def avx2_library(tmp_path_factory):
+    """ggml_cpu.c (which stands alone) built for this CPU without AVX-512."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    target = tmp_path_factory.mktemp("avx2") / "ggml_cpu.so"
+    flags = ["-O2", "-march=native", "-mno-avx512f", "-fopenmp", "-fPIC", "-shared"]
+    subprocess.run([compiler, *flags, str(build.SOURCES[0]), "-o", str(target), "-lm"], check=True)
+    lib = ctypes.CDLL(str(target))
+    lib.axon_ggml_matmul.argtypes = ggml_cpu._library().axon_ggml_matmul.argtypes
+    return lib
+
+
+@pytest.mark.skipif(not _has_avx512_vnni(), reason="no AVX-512 BW + VNNI on this CPU")
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+def test_k_quant_batch_one_avx512_equals_avx2_bit_for_bit(qtype, avx2_library):
+    """The AVX-512 batch-1 path computes the AVX2 path's integer sums (two sub-blocks per
+    instruction, folded to its eight lanes), so the two builds agree to the last bit."""
+    x = torch.randn(1, COLS, generator=torch.Generator().manual_seed(5))
+    x[0, 3] = 300.0
+    for qt in (_tensor(qtype), _saturated(qtype)):
+        want = torch.zeros(1, ROWS)
+        args = (qt.data.data_ptr(), ROWS, COLS, x.data_ptr(), 1, want.data_ptr(), ROWS, 1)
+        assert avx2_library.axon_ggml_matmul(int(qtype), *args) == 0
+        assert torch.equal(QuantizedMatmul(qt)(x), want), qtype.name

@@ -45,7 +45,7 @@ from axon.layers.fused_moe import QuantizedExperts
 from axon.loader.gguf_config import gguf_to_hf_config
 from axon.loader.gguf_reader import BulkGGUFReader
 from axon.sampling_params import SamplingParams
-from llama_cpp_sdist import CACHE, extract_llama_cpp
+from llama_cpp_sdist import CACHE, cache_lock, extract_llama_cpp
 from model.qwen3_5_tiny import _perturb, qwen3_5_engine_kwargs
 from model.tiny_models import TinyModel, engine_kwargs, random_prompts
 from quant.kquants import quantize_k
@@ -135,7 +135,8 @@ def gguf_files(converter: Path, checkpoint: TinyModel) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def qwen35moe_files(converter: Path, qwen35moe_checkpoint: TinyModel) -> dict[str, Path]:
     files = _converted(converter, qwen35moe_checkpoint.path, "qwen35moe-gguf", ("q8_0",))
-    files["q4_k"] = _requantize_experts(files["q8_0"], files["q8_0"].with_name("q4_k.gguf"))
+    with cache_lock("qwen35moe-gguf"):
+        files["q4_k"] = _requantize_experts(files["q8_0"], files["q8_0"].with_name("q4_k.gguf"))
     return files
 
 
@@ -150,9 +151,10 @@ def _converted(converter: Path, checkpoint: Path, kind: str, outtypes) -> dict[s
     # Qwen3.5-MoE checkpoints carry MTP blocks the converter keeps unless told; the converter
     # refuses the flag for architectures without them (qwen3moe).
     flags = ["--no-mtp"] if kind.startswith("qwen35") else []
-    for outtype, file in files.items():
-        if not file.is_file():
-            _convert(converter, checkpoint, outtype, file, flags)
+    with cache_lock(kind):
+        for outtype, file in files.items():
+            if not file.is_file():
+                _convert(converter, checkpoint, outtype, file, flags)
     return files
 
 

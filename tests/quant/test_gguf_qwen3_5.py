@@ -35,7 +35,7 @@ from axon.loader.gguf import iterate_gguf
 from axon.loader.gguf_config import gguf_to_hf_config
 from axon.loader.gguf_reader import BulkGGUFReader
 from axon.sampling_params import SamplingParams
-from llama_cpp_sdist import CACHE, extract_llama_cpp
+from llama_cpp_sdist import CACHE, cache_lock, extract_llama_cpp
 from model.qwen3_5_tiny import build_qwen3_5, qwen3_5_engine_kwargs, swap_value_heads
 from model.tiny_models import TinyModel, random_prompts
 
@@ -94,7 +94,8 @@ def gguf_files(converter: Path, checkpoint: TinyModel) -> dict[str, Path]:
         key.update((checkpoint.path / name).read_bytes())
     folder = CACHE / "qwen35-gguf" / key.hexdigest()[:16]
     files = {outtype: folder / f"{outtype}.gguf" for outtype in OUTTYPES}
-    _convert(converter, checkpoint.path, {t: f for t, f in files.items() if not f.is_file()})
+    with cache_lock("qwen35-gguf"):
+        _convert(converter, checkpoint.path, {t: f for t, f in files.items() if not f.is_file()})
     return files
 
 

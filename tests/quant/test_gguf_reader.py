@@ -1,4 +1,5 @@
-"""axon's bulk GGUF metadata reader returns what gguf-py's own reader returns."""
+"""axon's bulk GGUF metadata reader returns what gguf-py's own reader returns; the config's
+vocabulary size and class are read without the work the engine does not need."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from axon.loader.gguf import _MODEL_TYPES
+from axon.loader.gguf_config import CONFIG_CLASSES, _num_tokens, config_class
 from axon.loader.gguf_reader import BulkGGUFReader
 
 
@@ -47,3 +50,24 @@ def test_bulk_reader_reads_what_gguf_py_reads(tmp_path):
         assert mine.tensor_type == theirs.tensor_type
         assert mine.data.shape == theirs.data.shape
         assert np.array_equal(mine.data, theirs.data)
+
+
+def test_vocab_size_is_read_without_decoding_the_tokens(tmp_path):
+    # A byte-level token that is not UTF-8: decoding the array would raise, counting does not.
+    path = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(["a", b"\xff\xfe", "b"] * 7)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+
+    assert _num_tokens(BulkGGUFReader(str(path))) == 21
+    assert _num_tokens(gguf.GGUFReader(str(path))) == 21
+
+
+def test_config_classes_are_autoconfigs():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    assert set(CONFIG_CLASSES) == set(_MODEL_TYPES.values())
+    for model_type in CONFIG_CLASSES:
+        assert config_class(model_type) is CONFIG_MAPPING[model_type], model_type

@@ -6,12 +6,13 @@ llama.cpp generates with each model's own HF tokenizer)."""
 from __future__ import annotations
 
 import hashlib
+import pickle
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from llama_cpp_sdist import CACHE
+from llama_cpp_sdist import CACHE, cache_lock
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
@@ -73,11 +74,13 @@ def gguf_tokenizer(vocab: Path):
     vocabulary in ~25 s) by the loader's source and the library versions: the tokenizer is
     pickled (a faithful copy: a save_pretrained round trip changes some tokenizers' normalizer),
     a load error kept as its message and raised again as ValueError."""
-    import pickle
+    with cache_lock(f"gguf-tokenizer-{vocab.stem}"):
+        return _cached_gguf_tokenizer(vocab, CACHE / "gguf-tokenizers" / _cache_key() / vocab.stem)
 
+
+def _cached_gguf_tokenizer(vocab: Path, cached: Path):
     from axon.loader.gguf_tokenizer import load_gguf_tokenizer
 
-    cached = CACHE / "gguf-tokenizers" / _cache_key() / vocab.stem
     if cached.with_suffix(".error").is_file():
         raise ValueError(cached.with_suffix(".error").read_text())
     if cached.with_suffix(".pickle").is_file():

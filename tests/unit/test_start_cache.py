@@ -153,7 +153,69 @@ def test_tokenizer_entry_that_does_not_load_is_rebuilt(tmp_path):
     (entry / start_cache.MANIFEST).write_text(json.dumps(manifest))
     tokenizer = gguf_tokenizer.load_gguf_tokenizer(model)
     assert tokenizer("he").input_ids == [1, 7, 8]
-    assert pickle.loads(pickled.read_bytes())("he").input_ids == [1, 7, 8]
+    assert gguf_tokenizer.read_tokenizer(pickled)("he").input_ids == [1, 7, 8]
+
+
+def _bpe_tokenizer():
+    """A byte-fallback BPE tokenizer like gemma-3's, with added tokens special and not, in the
+    vocabulary and beyond it, in mixed order."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "\n": 2, "h": 3, "e": 4, "l": 5, "o": 6, "he": 7, "ll": 8}
+    merges = [("h", "e"), ("l", "l")]
+    rust = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+    rust.normalizer = normalizers.Replace(" ", "\u2581")
+    rust.decoder = decoders.ByteFallback()
+    rust.add_special_tokens([AddedToken("<s>", normalized=False)])
+    rust.add_tokens([AddedToken("\n", normalized=False)])
+    rust.add_special_tokens([AddedToken("<turn>", lstrip=True), AddedToken("<eot>")])
+    return rust
+
+
+def test_bpe_tokenizer_is_pickled_in_parts_and_rebuilt_exactly():
+    rust = _bpe_tokenizer()
+    parts = gguf_tokenizer.rust_parts(rust)
+    assert parts[0] == "bpe" and parts[2]["ll"] == 8 and parts[3] == [("h", "e"), ("l", "l")]
+    assert [token["content"] for token in parts[4]] == ["<s>", "\n", "<turn>", "<eot>"]
+    rebuilt = gguf_tokenizer.rust_from_parts(parts)
+    assert json.loads(rebuilt.to_str()) == json.loads(rust.to_str())
+    text = "<s>hello\n<turn> ohell<eot>"
+    assert rebuilt.encode(text).ids == rust.encode(text).ids
+    assert rebuilt.encode(text).ids[:4] == [1, 7, 8, 6]
+    assert (
+        rebuilt.token_to_id("<eot>") == 10
+        and rebuilt.get_added_tokens_decoder()[2].special is False
+    )
+
+
+def test_non_bpe_tokenizer_is_pickled_as_its_json():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    rust = Tokenizer(models.WordLevel({"<unk>": 0, "hi": 1, "there": 2}, unk_token="<unk>"))
+    rust.pre_tokenizer = pre_tokenizers.Whitespace()
+    parts = gguf_tokenizer.rust_parts(rust)
+    assert parts == ("json", rust.to_str())
+    assert gguf_tokenizer.rust_from_parts(parts).encode("hi you there").ids == [1, 0, 2]
+
+
+def test_cached_pickle_holds_the_rust_tokenizer_in_parts(tmp_path):
+    model = tmp_path / "model.gguf"
+    _write_gguf(model, WORDS)
+    built = gguf_tokenizer.load_gguf_tokenizer(model)
+    (entry,) = _entries()
+    kinds = []
+
+    class Recording(gguf_tokenizer._PartsUnpickler):
+        def persistent_load(self, pid):
+            kinds.append(pid[0])
+            return super().persistent_load(pid)
+
+    with open(entry / gguf_tokenizer.PICKLE, "rb") as handle:
+        cached = Recording(handle).load()
+    assert kinds == [gguf_tokenizer.rust_parts(built._tokenizer)[0]] and kinds[0] in ("bpe", "json")
+    assert cached._tokenizer.to_str() == built._tokenizer.to_str()
+    with pytest.raises(pickle.UnpicklingError):  # a plain unpickler cannot read it: new key
+        pickle.loads((entry / gguf_tokenizer.PICKLE).read_bytes())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -144,15 +144,19 @@ async def run_level(
     request_rate: float = math.inf,
     seed: int = 0,
     progress=None,
+    keep_alive: bool = True,
 ) -> tuple[float, list[RequestResult]]:
     """Sends every prompt, returns (duration s, results in prompt order).
 
     Requests start as a Poisson process of `request_rate` per second (all at once when
     infinite), with at most `max_concurrency` in flight (vLLM's --request-rate and
     --max-concurrency); `progress` (a tqdm bar, or None) advances as each request ends.
+    `keep_alive=False` opens a connection per request: llama-server can close a kept-alive
+    connection after a streamed response without saying so, failing the next request on it.
     """
     in_flight = max_concurrency or len(prompts)
-    limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
+    kept = in_flight if keep_alive else 0
+    limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=kept)
     timeout = httpx.Timeout(None, connect=30.0)
     semaphore = asyncio.Semaphore(in_flight)
     gaps = random.Random(seed)

@@ -19,18 +19,19 @@ import itertools
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
-import os
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from axon.config import EngineConfig
-from axon.engine.engine_proc import engine_process_main
+from axon.engine.spawn import SpawnedEngine, kill_group
 from axon.outputs import TokenUpdate
 from axon.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # this module stays light: `axon serve` spawns an engine before torch loads
+    from axon.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -91,22 +92,29 @@ class EngineClient:
         liveness: Liveness | None = None,
         env: dict[str, str] | None = None,
         on_progress=None,
+        spawned: SpawnedEngine | None = None,
     ) -> EngineClient:
         """Spawn the engine process and wait until its weights are loaded; `on_progress(loaded,
-        total)` hears the bytes of weights loaded meanwhile. Raises RuntimeError with the
-        engine's message when loading fails, EngineLoadTimeout past the deadline. A cancelled
-        start (an unload while loading) kills the process group."""
+        total)` hears the bytes of weights loaded meanwhile. `spawned`: an engine already
+        spawned (`SpawnedEngine.spawn`, before the server stack was imported) that is taken
+        over when it was spawned for the same config, liveness and env, else killed. Raises
+        RuntimeError with the engine's message when loading fails, EngineLoadTimeout past the
+        deadline. A cancelled start (an unload while loading) kills the process group."""
         liveness = liveness or Liveness()
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        args = (config, child, log_level, os.getpid(), liveness.heartbeat_s, env)
-        process = ctx.Process(target=engine_process_main, args=args, name="axon-engine")
-        process.start()
-        child.close()
+        if spawned is not None and spawned.adopt(config, liveness, env):
+            logger.info("engine[%d] was spawned ahead for this model: taken over", spawned.pid)
+        elif spawned is not None:
+            logger.info("engine[%d] was spawned ahead for other settings: replaced", spawned.pid)
+            spawned.discard()
+            spawned = None
+        if spawned is None:
+            spawned = SpawnedEngine.spawn(config, liveness, env, log_level)
+        spawned.taken = True
+        process, parent = spawned.process, spawned.conn
         try:
             message = await _first_message(parent, process, liveness.load_timeout_s, on_progress)
         except BaseException:
-            _kill_group(process)
+            kill_group(process)
             await asyncio.to_thread(process.join, 5)
             parent.close()
             raise
@@ -284,16 +292,7 @@ class EngineClient:
 
     def kill(self) -> None:
         """SIGKILL the engine's whole process group (every TP rank with it)."""
-        _kill_group(self.process)
-
-
-def _kill_group(process) -> None:
-    if process.pid is None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(process.pid, signal.SIGKILL)  # before its setpgid, it is in our group
+        kill_group(self.process)
 
 
 async def _first_message(conn, process, timeout_s: float, on_progress=None) -> tuple:

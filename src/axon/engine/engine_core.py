@@ -19,6 +19,7 @@ from axon.engine.scheduler import Scheduler
 from axon.outputs import TokenUpdate
 from axon.runner.model_runner import ModelRunner
 from axon.sampling import SamplingMetadata
+from axon.sampling.penalties import PenaltyCounts
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
 
@@ -80,6 +81,8 @@ class EngineCore:
         self.num_generation_tokens = 0
         self._captured_logits: dict[int, torch.Tensor] | None = None
         self._structured = None  # StructuredOutputs, made by the first request that needs it
+        # Penalised sequences' token counts, kept across steps (not rebuilt from token lists).
+        self.penalty_counts = PenaltyCounts(self.runner.vocab_size, self.runner.device)
         self.requests: dict[str, list[Sequence]] = {}  # unfinished requests' sequences
         # The requests of the step in progress: what a failed step fails (and no more).
         self.step_request_ids: set[str] = set()
@@ -221,7 +224,8 @@ class EngineCore:
         if self._captured_logits is not None:
             for seq, row in zip(seqs, logits):
                 self._captured_logits[seq.seq_id] = row.clone()
-        meta = SamplingMetadata.from_sequences(seqs, self.runner.vocab_size, self.runner.device)
+        vocab_size, device = self.runner.vocab_size, self.runner.device
+        meta = SamplingMetadata.from_sequences(seqs, vocab_size, device, self.penalty_counts)
         grammars = [seq.grammar for seq in seqs]
         has_grammar = any(g is not None for g in grammars)
         if has_grammar:

@@ -33,6 +33,7 @@ from axon.engine.engine_core import EngineCore
 from axon.engine.faults import InjectedDeviceFault, is_device_fault
 from axon.loader import progress
 from axon.loader.weights import parameter_bytes
+from axon.runner.threads import log_thread_policy
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def engine_process_main(
     if parent_pid is not None:
         die_with_parent(parent_pid)
     logging.basicConfig(level=log_level, format=f"%(asctime)s engine[{os.getpid()}] %(message)s")
+    log_thread_policy()
     progress.set_reporter(lambda loaded, total: conn.send(("progress", loaded, total)))
     try:
         core = EngineCore(config)

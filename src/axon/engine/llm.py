@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceType
 
@@ -18,32 +17,13 @@ from axon.engine.output_processor import RequestState
 from axon.models.mrope import expand_image_placeholders
 from axon.multimodal.processor import ImageProcessor, ProcessorConfig
 from axon.outputs import RequestOutput
+from axon.runner.heap import release_freed_heap
 from axon.sampling_params import SamplingParams
+from axon.tokenizer.loading import load_tokenizer
 
 logger = logging.getLogger(__name__)
-_TOKENIZER_LOAD = threading.Lock()
 
 PromptType = str | dict
-
-
-def load_tokenizer(path: str):
-    """The model's HF tokenizer, or None when the directory has none (token-id prompts only).
-    One load at a time per process: the HTTP process loads models' tokenizers on threads, and
-    transformers' lazy imports are not thread-safe (two at once: "cannot import name
-    'AutoTokenizer'")."""
-    with _TOKENIZER_LOAD:
-        from transformers import AutoTokenizer
-
-        from axon.loader import is_gguf
-        from axon.loader.gguf_tokenizer import load_gguf_tokenizer
-
-        try:
-            if is_gguf(path):
-                return load_gguf_tokenizer(path)
-            return AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError, TypeError) as exc:
-            logger.warning("no tokenizer from %s (%s); only token-id prompts work", path, exc)
-            return None
 
 
 class LLM:
@@ -51,6 +31,7 @@ class LLM:
         self.config = EngineConfig.from_kwargs(str(model), tokenizer=tokenizer, **engine_args)
         self.engine = EngineCore(self.config)
         self.tokenizer = load_tokenizer(self.config.tokenizer or self.config.model)
+        release_freed_heap()  # the load's freed temporaries would otherwise stay resident
         self._request_counter = itertools.count()
         self._image_processor: ImageProcessor | None = None
 

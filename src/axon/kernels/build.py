@@ -37,7 +37,7 @@ def _cpu_flags() -> str:
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("ggml_cpu.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c")
+    for name in ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c")
 )
 
 

@@ -18,13 +18,14 @@ import logging
 
 import torch
 
-from axon.kernels import build
+from axon.kernels import build, ggml_q8
 
 logger = logging.getLogger(__name__)
 
 F32 = 0  # the C kernel also multiplies plain float32 rows (as 32-wide "blocks")
-MAX_TOKENS = 64  # the C kernel's limit per call; longer batches dequantize and use F.linear
-DEQUANT_CHUNK_BYTES = 16 << 20  # float32 rows dequantized at once on that path
+# Register tiles up to this many tokens; longer batches (prefill) take the panel kernel, which
+# dequantizes L2-sized panels of rows once and multiplies them with every token.
+MAX_TOKENS = 64
 # Below this many weight bytes a matmul runs on one thread: a layer of a small model takes
 # ~0.1 ms, less than waking and joining threads costs, and far less than one descheduled thread
 # stalls the rest on a shared machine (measured: 2 threads decoded 6x slower than 1 at load 5).
@@ -43,6 +44,7 @@ def _library() -> ctypes.CDLL | None:
         *(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ptr), ctypes.POINTER(i64)),
         *(i64, ptr, i64, ptr, i64, ctypes.c_int),
     ]
+    lib.axon_ggml_matmul_panels.argtypes = lib.axon_ggml_matmul_parts.argtypes
     lib.axon_ggml_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
     lib.axon_ggml_supported.argtypes = [ctypes.c_int]
     return lib
@@ -71,20 +73,12 @@ def ggml_dequant(raw: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     return out
 
 
-def _dequant_matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, cols: int, out):
-    """Long batches (prefill): dequantize a few MiB of rows at a time and use F.linear."""
-    step = max(1, DEQUANT_CHUNK_BYTES // (4 * cols))
-    for start in range(0, raw.shape[0], step):
-        weight = ggml_dequant(raw[start : start + step], ggml_type, cols)
-        out[:, start : start + weight.shape[0]] = torch.nn.functional.linear(x, weight)
-
-
 class GGMLWeights:
     """One or more GGML weights over the same input (a fused projection kept as its GGUF parts,
     e.g. q, k, v), with the C call's arguments prepared once: `matmul(x)` is
     `x @ cat([dequantize(W_p)]).T` in one call, parts side by side in the output."""
 
-    def __init__(self, parts: list[tuple[int, torch.Tensor]], cols: int):
+    def __init__(self, parts: list[tuple[int, torch.Tensor]], cols: int, int8: bool = False):
         self.parts = parts  # (ggml_type, raw [rows, row_bytes]); keeps the bytes alive
         self.cols = cols
         self.rows = sum(raw.shape[0] for _, raw in parts)
@@ -94,6 +88,8 @@ class GGMLWeights:
         self._rows = (ctypes.c_int64 * count)(*(raw.shape[0] for _, raw in parts))
         size = sum(raw.numel() for _, raw in parts)
         self.parallel = size >= PARALLEL_MIN_BYTES
+        # Opt-in 8-bit activations for batches of 2+ tokens (kernels/ggml_q8.py); not F32.
+        self.int8 = int8 and ggml_q8.supports(t for t, _ in parts)
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, cols] -> [T, rows] float32 (into `out`, a float32 view with contiguous rows,
@@ -105,17 +101,19 @@ class GGMLWeights:
             out = torch.empty(tokens, self.rows, dtype=torch.float32)
         elif out.stride(1) != 1 or out.dtype != torch.float32:
             raise ValueError("ggml_matmul: out must be float32 with contiguous rows")
-        if tokens > MAX_TOKENS:
-            start = 0
-            for ggml_type, raw in self.parts:
-                _dequant_matmul(x, raw, ggml_type, self.cols, out[:, start : start + raw.shape[0]])
-                start += raw.shape[0]
-            return out
+        if self.int8 and tokens > 1:
+            return ggml_q8.matmul(self, x, out)
         threads = torch.get_num_threads() if self.parallel else 1
-        status = _library().axon_ggml_matmul_parts(
+        kernel = _library().axon_ggml_matmul_parts
+        if tokens > MAX_TOKENS:
+            kernel = _library().axon_ggml_matmul_panels
+            threads = torch.get_num_threads()  # a long batch is worth the threads at any size
+        status = kernel(
             len(self.parts), self._types, self._ptrs, self._rows, self.cols,
             x.data_ptr(), tokens, out.data_ptr(), out.stride(0), threads,
         )  # fmt: skip
+        if status == -2:
+            raise MemoryError("ggml_matmul: no memory for the dequantized panels")
         if status != 0:
             types = [t for t, _ in self.parts]
             raise ValueError(f"ggml_matmul: unsupported types {types} or cols {self.cols}")

@@ -79,7 +79,7 @@ def _run(layer, positions: torch.Tensor, hidden: torch.Tensor, attention_only: b
     if meta.prefills or meta.decode_key_slots is None:
         return None
     spec = _spec_of(layer, attention_only)
-    if spec is None:
+    if spec is None or (spec._int8 and hidden.shape[0] > 1):  # int8: batched steps in PyTorch
         return None
     tokens, threads = hidden.shape[0], torch.get_num_threads()
     key_slots, lens = meta.decode_key_slots, meta.decode_context_lens
@@ -168,6 +168,7 @@ def _build_spec(layer, attention_only: bool = False) -> _Layer | None:
     if not attention_only:
         spec.gate_up, spec.down = _projection(weights[2]), _projection(weights[3])
     spec._keep = weights  # the prepared weights (and their bytes) stay alive with the spec
+    spec._int8 = any(w.int8 for w in weights)  # 8-bit activations: 2+ tokens run in PyTorch
     return spec
 
 

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from axon.distributed.parallel_state import get_tp_size
+from axon.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
 from axon.kernels import cpu_moe, ggml_cpu
 from axon.layers.activation import get_act_and_mul
-from axon.layers.linear import SmallBatchLinear, default_weight_loader
+from axon.layers.linear import SmallBatchLinear, default_weight_loader, divide, materialize
 from axon.layers.quantized import QuantizedTensor, matmul_ref
 
 ExpertMatmul = Callable[[int, torch.Tensor], torch.Tensor]  # (expert, x [n, K]) -> [n, N]
@@ -75,7 +75,7 @@ class TopKRouter(nn.Module):
     def _load(self, param: nn.Parameter, loaded) -> None:
         if isinstance(loaded, QuantizedTensor):  # tiny: kept dense
             loaded = loaded.dequantize()
-        default_weight_loader(param, loaded.float())
+        default_weight_loader(param, materialize(loaded).float())
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(hidden.float(), self.weight)  # [T, E]
@@ -187,15 +187,21 @@ class QuantizedExperts(nn.Module):
 
 
 class FusedMoE(nn.Module):
-    """`experts`: the routed SwiGLU experts of one layer (see the module docstring)."""
+    """`experts`: the routed SwiGLU experts of one layer (see the module docstring).
+
+    Under tensor parallelism every rank holds every expert, cut along its intermediate
+    dimension: its 1/tp_size of the gate and up rows and of the down columns (as
+    RowParallelLinear after MergedColumnParallelLinear), so `forward` returns this rank's
+    partial sum, which the block all-reduces. `intermediate_size` is this rank's width."""
 
     def __init__(
         self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, act: str
     ):
         super().__init__()
-        if get_tp_size() > 1:
-            raise ValueError("mixture-of-experts layers do not support tensor parallelism yet")
-        self.num_experts, self.top_k, self.intermediate_size = num_experts, top_k, intermediate_size
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.num_experts, self.top_k = num_experts, top_k
+        self.intermediate_size = divide(intermediate_size, self.tp_size)
+        intermediate_size = self.intermediate_size
         shapes = {
             "gate_up_proj": (num_experts, 2 * intermediate_size, hidden_size),
             "down_proj": (num_experts, hidden_size, intermediate_size),
@@ -216,23 +222,60 @@ class FusedMoE(nn.Module):
         "up" | "down"). A GGUF part stays quantized (see QuantizedExperts)."""
         self._c_experts = False  # the weights' addresses may change
         if isinstance(loaded, QuantizedTensor):
-            if shard_id is None:
-                raise ValueError("quantized experts load one expert at a time")
-            if self.quantized is None:
-                self.quantized = QuantizedExperts(self.num_experts)
-                for dense in (self.gate_up_proj, self.down_proj):
-                    dense.data = torch.empty(0, dtype=dense.dtype, device=dense.device)
-            self.quantized.add(*shard_id, loaded)
+            self._load_quantized(loaded, shard_id)
             return
         if shard_id is None:
-            default_weight_loader(param, loaded)
+            self._load_stacked(param, loaded)
             return
         expert, part = shard_id
         target = param.data[expert]
         if part in ("gate", "up"):
             inter = self.intermediate_size
             target = target.narrow(0, 0 if part == "gate" else inter, inter)
-        default_weight_loader(target, loaded)
+        default_weight_loader(target, self._rank_shard(loaded, part, 1 if part == "down" else 0))
+
+    def _load_quantized(self, loaded: QuantizedTensor, shard_id) -> None:
+        if shard_id is None:
+            raise ValueError("quantized experts load one expert at a time")
+        if self.quantized is None:
+            self.quantized = QuantizedExperts(self.num_experts)
+            for dense in (self.gate_up_proj, self.down_proj):
+                dense.data = torch.empty(0, dtype=dense.dtype, device=dense.device)
+        expert, part = shard_id
+        shard = self._rank_shard(loaded, part, 1 if part == "down" else 0)
+        # A rank copies its shard out of the mapped file; one rank keeps the views.
+        self.quantized.add(expert, part, shard.owned() if self.tp_size > 1 else shard)
+
+    def _load_stacked(self, param: nn.Parameter, loaded) -> None:
+        """A whole 3-D checkpoint tensor: gate_up [E, 2I, H] (this rank's rows of the gate
+        half, then of the up half) or down [E, H, I] (this rank's columns)."""
+        if self.tp_size == 1:
+            default_weight_loader(param, loaded)
+            return
+        if param is self.down_proj:
+            default_weight_loader(param, self._rank_shard(loaded, "down", 2))
+            return
+        inter, full = self.intermediate_size, self.intermediate_size * self.tp_size
+        if loaded.shape[1] != 2 * full:
+            raise ValueError(f"shape mismatch: gate_up_proj {tuple(loaded.shape)}, {2 * full} rows")
+        for half, part in enumerate(("gate", "up")):
+            whole = loaded.narrow(1, half * full, full)
+            target = param.data.narrow(1, half * inter, inter)
+            default_weight_loader(target, self._rank_shard(whole, part, 1))
+
+    def _rank_shard(self, loaded, part: str, dim: int):
+        """This rank's 1/tp_size of the intermediate dimension `dim` of one checkpoint part
+        (a tensor, a lazy CheckpointSlice or a QuantizedTensor, whose column cut must fall on
+        whole quant blocks); the part itself with one rank."""
+        if self.tp_size == 1:
+            return loaded
+        inter = self.intermediate_size
+        if loaded.shape[dim] != inter * self.tp_size:
+            raise ValueError(
+                f"shape mismatch: expert {part} {tuple(loaded.shape)}, expected "
+                f"{inter * self.tp_size} on dim {dim} (moe_intermediate_size)"
+            )
+        return loaded.narrow(dim, self.tp_rank * inter, inter)
 
     def inactive_bytes(self) -> int:
         """Bytes of the experts one token does not read: all but `top_k` of them."""
@@ -291,7 +334,8 @@ class FusedMoE(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
-    """`mlp` of a sparse layer: the router `gate` and the routed `experts`."""
+    """`mlp` of a sparse layer: the router `gate` (replicated on every rank) and the routed
+    `experts` (each rank its share of every expert's intermediate dimension)."""
 
     def __init__(self, config, renormalize: bool):
         super().__init__()
@@ -303,14 +347,24 @@ class SparseMoeBlock(nn.Module):
         self._c_router: tuple[tuple[int, int], cpu_moe.MoeRouter | None] | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = self.partial(hidden)  # [T, H]
+        # By the layer's own size, not the process's group (see RowParallelLinear.forward).
+        return tp_all_reduce(out) if self.experts.tp_size > 1 else out
+
+    def partial(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the block's output [T, H] (the whole of it with one rank):
+        every rank routes the same tokens to the same experts, each computing its slice."""
         topk_weights, topk_ids = self.gate(hidden)  # [T, k] each
         return self.experts(hidden, topk_weights, topk_ids)
 
     def add_in_place(self, hidden: torch.Tensor, norm: nn.Module) -> torch.Tensor | None:
         """`hidden + self(norm(hidden))` computed in place in `hidden` by one C call (norm,
         router, top-k, experts; a decode step on the CPU in float32) and returned, or None
-        (hidden untouched) where that path does not apply. Its reference twin is forward."""
+        (hidden untouched) where that path does not apply. Its reference twin is forward.
+        Not under tensor parallelism: the partials must be summed before the residual add."""
         if hidden.dim() != 2 or hidden.dtype != torch.float32 or not hidden.is_contiguous():
+            return None
+        if self.experts.tp_size > 1:
             return None
         experts = self.experts._c_path(hidden)
         router = self._router_for(norm) if experts is not None else None

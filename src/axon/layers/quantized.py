@@ -109,6 +109,7 @@ class QuantizedMatmul(nn.Module):
         self.ggml_type = qt.ggml_type
         self.out_features, self.in_features = qt.shape
         self._ggml: ggml_cpu.GGMLWeights | None = None  # the prepared C call, made on first use
+        self.int8 = False  # 8-bit activations for batched steps (use_int8_activations)
         if ggml_cpu.supports(qt.ggml_type):
             self.kind = "ggml"
             self.register_buffer("raw", qt.data)  # the GGUF bytes, shared with an embedding
@@ -130,7 +131,8 @@ class QuantizedMatmul(nn.Module):
         slice of a fused layer's output) when one is given."""
         if self.kind == "ggml" and x.device.type == "cpu":
             if self._ggml is None or self._ggml.parts[0][1] is not self.raw:
-                self._ggml = ggml_cpu.GGMLWeights([(self.ggml_type, self.raw)], self.in_features)
+                weights = [(self.ggml_type, self.raw)]
+                self._ggml = ggml_cpu.GGMLWeights(weights, self.in_features, self.int8)
             if out is not None and x.dtype == torch.float32:
                 return self._ggml.matmul(x, out)
             y = self._ggml.matmul(x).to(x.dtype)
@@ -162,6 +164,7 @@ class QuantizedParts(nn.Module):
         self.parts = nn.ModuleDict()
         self._ggml: ggml_cpu.GGMLWeights | None = None  # all parts in one C call, on CPU
         self._prepared = False
+        self.int8 = False  # 8-bit activations for batched steps (use_int8_activations)
 
     def add(self, key: str, qt: QuantizedTensor) -> None:
         self.parts[key] = QuantizedMatmul(qt)
@@ -197,7 +200,7 @@ class QuantizedParts(nn.Module):
         parts = [self.parts[key] for key in self.order]
         if all(part.kind == "ggml" and part.raw.device.type == "cpu" for part in parts):
             weights = [(part.ggml_type, part.raw) for part in parts]
-            self._ggml = ggml_cpu.GGMLWeights(weights, parts[0].in_features)
+            self._ggml = ggml_cpu.GGMLWeights(weights, parts[0].in_features, self.int8)
 
 
 class QuantizedEmbedding(nn.Module):
@@ -209,6 +212,7 @@ class QuantizedEmbedding(nn.Module):
         self.ggml_type, self.shape = qt.ggml_type, qt.shape
         self.register_buffer("raw", qt.data)
         self.matmul: QuantizedMatmul | None = None
+        self.int8 = False  # for the tied LM head (use_int8_activations)
 
     def lookup(self, input_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self.raw.device.type == "cpu" and ggml_cpu.supports(self.ggml_type):
@@ -220,4 +224,23 @@ class QuantizedEmbedding(nn.Module):
     def build_matmul(self) -> QuantizedMatmul:
         if self.matmul is None:
             self.matmul = QuantizedMatmul(QuantizedTensor(self.ggml_type, self.raw, self.shape))
+            self.matmul.int8 = self.int8
         return self.matmul
+
+
+def use_int8_activations(model: nn.Module) -> int:
+    """Switches every GGML matmul of `model` (before its first forward) to 8-bit activations
+    for steps of 2+ tokens (kernels/ggml_q8.py); returns how many matmuls run on that kernel.
+    Raises ValueError when none does (no GGUF weights on the CPU)."""
+    kinds = (QuantizedMatmul, QuantizedParts, QuantizedEmbedding)
+    switched = 0
+    for module in model.modules():
+        if isinstance(module, kinds):
+            module.int8 = True
+        if isinstance(module, QuantizedMatmul) and module.kind == "ggml":
+            switched += module.raw.device.type == "cpu"
+    if switched == 0:
+        raise ValueError(
+            "activation_precision int8 applies to GGUF weights on the CPU; this model has none"
+        )
+    return switched

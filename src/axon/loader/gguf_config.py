@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
+
 from gguf import GGUFReader
-from transformers import AutoConfig, PretrainedConfig
 
 from axon.loader.gguf import _MODEL_TYPES, architecture, field_value, num_text_layers
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+# The config class of each model type, imported from its own module: AutoConfig's table
+# (models/auto/configuration_auto) is more to import in the engine, for nothing it needs.
+CONFIG_CLASSES = {
+    "llama": ("llama.configuration_llama", "LlamaConfig"),
+    "qwen2": ("qwen2.configuration_qwen2", "Qwen2Config"),
+    "qwen3": ("qwen3.configuration_qwen3", "Qwen3Config"),
+    "gemma3_text": ("gemma3.configuration_gemma3", "Gemma3TextConfig"),
+    "qwen3_5_text": ("qwen3_5.configuration_qwen3_5", "Qwen3_5TextConfig"),
+    "qwen3_moe": ("qwen3_moe.configuration_qwen3_moe", "Qwen3MoeConfig"),
+    "qwen3_5_moe_text": ("qwen3_5_moe.configuration_qwen3_5_moe", "Qwen3_5MoeTextConfig"),
+}
 
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: five sliding layers, then one global
 GEMMA3_SWA_ROPE_BASE = 10_000.0
@@ -31,7 +48,7 @@ def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
         head_dim=int(get("attention.key_length", hidden // heads)),
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
         max_position_embeddings=int(get("context_length", 4096)),
-        vocab_size=len(field_value(reader, "tokenizer.ggml.tokens")),
+        vocab_size=_num_tokens(reader),
         tie_word_embeddings="output.weight" not in names,
         rope_parameters=_rope_parameters(reader, arch),
         **_special_ids(reader),
@@ -44,7 +61,22 @@ def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
         kwargs.update(_qwen35_kwargs(reader, arch, kwargs))
     if arch in ("qwen3moe", "qwen35moe"):
         kwargs.update(_moe_kwargs(reader, arch, names, kwargs["num_hidden_layers"]))
-    return AutoConfig.for_model(_MODEL_TYPES[arch], **kwargs)
+    return config_class(_MODEL_TYPES[arch])(**kwargs)
+
+
+def config_class(model_type: str) -> type[PretrainedConfig]:
+    """The transformers config class of `model_type` (what AutoConfig.for_model would make)."""
+    module, name = CONFIG_CLASSES[model_type]
+    return getattr(importlib.import_module(f"transformers.models.{module}"), name)
+
+
+def _num_tokens(reader: GGUFReader) -> int:
+    """The vocabulary's size, without decoding its strings (262k of them for gemma-3): a string
+    array's field has one data index per element, in gguf-py's reader and ours alike."""
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    if field is None:
+        raise ValueError("GGUF file has no tokenizer.ggml.tokens: its vocabulary size is unknown")
+    return len(field.data)
 
 
 def _rope_parameters(reader: GGUFReader, arch: str) -> dict:

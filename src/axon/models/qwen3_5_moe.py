@@ -17,14 +17,23 @@ from axon.models.qwen3_5 import (
 )
 
 
+class PartialRowParallelLinear(RowParallelLinear):
+    """A RowParallelLinear whose output stays this rank's partial sum: the MoE block adds it to
+    the routed experts' partial and sums both over the ranks in one all-reduce."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._matmul(x, self.bias if self.tp_rank == 0 else None)
+
+
 class SharedExpert(nn.Module):
-    """A SwiGLU MLP of width `shared_expert_intermediate_size`."""
+    """A SwiGLU MLP of width `shared_expert_intermediate_size`, sharded as a dense MLP;
+    `forward` returns this rank's partial sum (the whole output with one rank)."""
 
     def __init__(self, config):
         super().__init__()
         inter = config.shared_expert_intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter])
-        self.down_proj = RowParallelLinear(inter, config.hidden_size)
+        self.down_proj = PartialRowParallelLinear(inter, config.hidden_size)
         self.act_fn = get_act_and_mul(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -32,13 +41,16 @@ class SharedExpert(nn.Module):
 
 
 class Qwen3_5MoeSparseBlock(SparseMoeBlock):
+    """Routed experts plus the shared one; the shared expert's gate is replicated, so each
+    rank's gated shared partial adds to its routed partial before the block's one all-reduce."""
+
     def __init__(self, config):
         super().__init__(config, renormalize=True)
         self.shared_expert = SharedExpert(config)
         self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        routed = super().forward(hidden)  # [T, H]
+    def partial(self, hidden: torch.Tensor) -> torch.Tensor:
+        routed = super().partial(hidden)  # [T, H]
         shared = self.shared_expert(hidden) * torch.sigmoid(self.shared_expert_gate(hidden))
         return routed + shared
 

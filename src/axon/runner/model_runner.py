@@ -14,6 +14,7 @@ from axon.engine.scheduler import SchedulerOutput
 from axon.layers.attention import Attention
 from axon.layers.forward_context import AttentionMetadata, PrefillChunk, set_forward_context
 from axon.layers.linear_attention import GatedDeltaNet
+from axon.layers.quantized import use_int8_activations
 from axon.loader import load_hf_config, progress
 from axon.loader.weights import load_weights
 from axon.models.registry import get_model_class
@@ -96,6 +97,8 @@ class ModelRunner:
         if show_progress:  # rank 0 speaks for every rank
             weights = progress.track(weights, self.config.model)
         load_weights(model, weights)
+        if self.config.activation_precision == "int8":
+            use_int8_activations(model)
         return model.eval()
 
     def _attention_layers(self) -> list[Attention]:

@@ -52,11 +52,17 @@ TP_MODEL_TYPES = (
     "qwen3_5_text",
     "qwen3_5",
     "qwen3_vl",  # its DeepStack rows are sliced like the image rows on every rank
+    # Every expert cut along its intermediate dimension, the router replicated.
+    "qwen3_moe",
+    "qwen3_5_moe_text",
+    "qwen3_5_moe",
 )
-# Head counts that must divide by the number of ranks, where the config has them.
+# Head counts and widths that must divide by the number of ranks, where the config has them.
 _DIVIDED = (
     "num_attention_heads",
     "intermediate_size",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
     "linear_num_key_heads",
     "linear_num_value_heads",
 )

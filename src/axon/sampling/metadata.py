@@ -14,8 +14,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from axon.sampling.penalties import PenaltyCounts, PenaltyTensors, penalty_tensors_ref
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
+
+__all__ = ["FilteredRows", "PenaltyTensors", "RandomRows", "SamplingMetadata", "noise_key"]
 
 _MASK64 = (1 << 64) - 1
 # Filtered rows first look at this many top logits; a row whose kept tokens might extend past
@@ -82,16 +85,6 @@ class FilteredRows(RandomRows):
 
 
 @dataclass
-class PenaltyTensors:
-    """Every (row, token) pair a penalty changes, flat, with what happens to its logit."""
-
-    rows: torch.Tensor  # [T] long batch rows
-    token_ids: torch.Tensor  # [T] long
-    repetition: torch.Tensor | None  # [T] float32 the pair's row's penalty; None when all 1
-    subtract: torch.Tensor | None  # [T] float32 frequency*count + presence*(count>0); or None
-
-
-@dataclass
 class BiasTensors:
     """Every (row, token) pair a logit_bias names, flat, with the value added to its logit."""
 
@@ -123,9 +116,18 @@ class SamplingMetadata:
 
     @classmethod
     def from_sequences(
-        cls, seqs: list[Sequence], vocab_size: int, device: torch.device
+        cls,
+        seqs: list[Sequence],
+        vocab_size: int,
+        device: torch.device,
+        penalty_counts: PenaltyCounts | None = None,
     ) -> SamplingMetadata:
-        """Return the metadata of a batch whose logits row i belongs to `seqs[i]`."""
+        """Return the metadata of a batch whose logits row i belongs to `seqs[i]`.
+
+        `penalty_counts`: the engine's persistent penalty state, brought up to date with the
+        tokens sampled since its last step; without it the penalties are rebuilt from the
+        sequences' full token lists (the same pairs, at a cost that grows with their length).
+        """
         params = [seq.sampling_params for seq in seqs]
         greedy = [i for i, p in enumerate(params) if p.greedy]
         plain = [i for i, p in enumerate(params) if not p.greedy and not _has_filter(p)]
@@ -138,7 +140,9 @@ class SamplingMetadata:
             greedy_rows=_long(greedy, device) if greedy else None,
             plain=_random_rows(seqs, plain, device) if plain else None,
             filtered=_filtered_rows(seqs, filtered, vocab_size, device) if filtered else None,
-            penalties=_penalties(seqs, vocab_size, device),
+            penalties=penalty_counts.tensors(seqs)
+            if penalty_counts is not None
+            else penalty_tensors_ref(seqs, vocab_size, device),
             bias=_logit_bias(seqs, vocab_size, device),
             banned_rows=_long(banned_rows, device) if banned_rows else None,
             banned_ids=_long(banned_ids, device) if banned_ids else None,
@@ -193,77 +197,6 @@ def _filtered_rows(
         # One more than the largest top_k shows that the k-th candidate's successor is cut.
         num_candidates=min(vocab_size, max([_MIN_CANDIDATES] + [k + 1 for k in small_k])),
     )
-
-
-def _has_penalty(params: SamplingParams) -> bool:
-    return (
-        params.repetition_penalty != 1.0
-        or params.frequency_penalty != 0.0
-        or params.presence_penalty != 0.0
-    )
-
-
-def _flat_pairs(
-    rows: list[int], token_lists: list[list[int]], vocab_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (row, token id) of every in-vocab token of `token_lists`: ([T] long, [T] long)."""
-    lengths = _long([len(ids) for ids in token_lists], device)  # [N]
-    pair_rows = torch.repeat_interleave(_long(rows, device), lengths)  # [T]
-    pair_ids = _long([t for token_ids in token_lists for t in token_ids], device)  # [T]
-    # Ids past the logits' width (a tokenizer's added tokens) have no logit to penalise.
-    in_vocab = pair_ids < vocab_size  # [T]
-    return pair_rows[in_vocab], pair_ids[in_vocab]
-
-
-def _output_counts(
-    seqs: list[Sequence], rows: list[int], keys: torch.Tensor, vocab_size: int
-) -> torch.Tensor:
-    """Return how often each (row * V + token) in `keys` [T] occurs in its row's output [T]."""
-    output = [seqs[i].output_token_ids for i in rows]
-    out_rows, out_ids = _flat_pairs(rows, output, vocab_size, keys.device)  # [T_out]
-    sorted_keys = (out_rows * vocab_size + out_ids).sort().values  # [T_out]
-    after = torch.searchsorted(sorted_keys, keys, right=True)  # [T]
-    return (after - torch.searchsorted(sorted_keys, keys)).float()  # [T]
-
-
-def _per_pair(
-    values: list[float], rows: list[int], pair_rows: torch.Tensor, num_rows: int
-) -> torch.Tensor:
-    """Return, for each pair [T], the value in `values` of its row (one value per `rows`)."""
-    by_row = torch.zeros(num_rows, device=pair_rows.device)  # [B]
-    by_row[_long(rows, pair_rows.device)] = _float(values, pair_rows.device)
-    return by_row[pair_rows]  # [T]
-
-
-def _penalties(
-    seqs: list[Sequence], vocab_size: int, device: torch.device
-) -> PenaltyTensors | None:
-    """Return the pairs the penalties change, or None when no row has a penalty.
-
-    Repetition looks at prompt and output tokens, frequency and presence at output tokens only;
-    a prompt-only pair gets count 0, so subtracting its term changes nothing.
-    """
-    rows = [i for i, s in enumerate(seqs) if _has_penalty(s.sampling_params)]
-    if not rows:
-        return None
-    params = [seqs[i].sampling_params for i in rows]
-    tokens = [
-        seqs[i].token_ids if p.repetition_penalty != 1.0 else seqs[i].output_token_ids
-        for i, p in zip(rows, params)
-    ]
-    pair_rows, pair_ids = _flat_pairs(rows, tokens, vocab_size, device)  # [T], [T]
-    per_row = lambda name: _per_pair(
-        [getattr(p, name) for p in params], rows, pair_rows, len(seqs)
-    )  # [T]
-    subtract = None
-    if any(p.frequency_penalty or p.presence_penalty for p in params):
-        counts = _output_counts(seqs, rows, pair_rows * vocab_size + pair_ids, vocab_size)  # [T]
-        subtract = per_row("frequency_penalty") * counts
-        subtract += per_row("presence_penalty") * (counts > 0)
-    repetition = None
-    if any(p.repetition_penalty != 1.0 for p in params):
-        repetition = per_row("repetition_penalty")
-    return PenaltyTensors(pair_rows, pair_ids, repetition, subtract)
 
 
 def _logit_bias(seqs: list[Sequence], vocab_size: int, device: torch.device) -> BiasTensors | None:

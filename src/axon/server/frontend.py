@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from axon.config import EngineConfig
-from axon.engine.llm import load_tokenizer
 from axon.tokenizer.chat_template import ChatTemplate, resolve_chat_template, warn_chatml_fallback
+from axon.tokenizer.loading import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

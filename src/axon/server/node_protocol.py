@@ -52,6 +52,8 @@ class EngineArgs(BaseModel):
     image_profile: Literal["native", "fixed448"] | None = None
     # "embed" serves /v1/embeddings only; "auto": embed for a sentence-transformers checkpoint.
     task: Literal["auto", "generate", "embed"] | None = None
+    # "int8": 8-bit activations for batched steps on GGUF weights (EngineConfig).
+    activation_precision: Literal["float32", "int8"] | None = None
 
     _check_size = field_validator("kv_cache_memory", mode="before")(_parse_size)
     _check_fits = field_validator("kv_cache_memory", mode="after")(_fits_the_host)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -144,6 +145,11 @@ async def merge(generations: list[Generation]) -> AsyncIterator[tuple[int, Reque
     """(prompt index, state) from all generations as they progress, one engine update at a
     time: a generation does not advance until its last state has been consumed, so that state
     is never mutated under the consumer. Closing the iterator aborts them all."""
+    if len(generations) == 1:  # the common case needs no task, queue and event per token
+        async with contextlib.aclosing(aiter(generations[0])) as states:
+            async for state in states:
+                yield 0, state
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, generation: Generation) -> None:
@@ -302,6 +308,7 @@ class _CompletionContext:
     def __init__(self, body: CompletionRequest, model, params):
         self.body, self.model, self.params = body, model, params
         self.id, self.created = random_id("cmpl-"), now()
+        self._chunk_head: str | None = None  # a chunk's serialized start, up to its choice
 
     def decode(self, token_id: int) -> str:
         tokenizer = self.model.tokenizer
@@ -322,6 +329,21 @@ class _CompletionContext:
             "finish_reason": finish_reason(sample.finish_reason) if finished else None,
             "stop_reason": sample.stop_reason if finished else None,
         }
+
+    def chunk(self, choice: dict) -> str:
+        """Return the SSE event of one streamed choice: `sse(self.body_of([choice]))`, with the
+        request's constant fields serialized once and only the text encoded for a plain token
+        (no logprobs, not the last), which is most of them."""
+        if choice["logprobs"] is not None or choice["finish_reason"] is not None:
+            return sse(self.body_of([choice]))
+        if self._chunk_head is None:
+            head = sse(self.body_of([]))  # 'data: {..."choices":[]}\n\n'
+            self._chunk_head = head[: -len("]}\n\n")]
+        text = json.dumps(choice["text"], ensure_ascii=False)
+        return (
+            f'{self._chunk_head}{{"index":{choice["index"]},"text":{text},'
+            '"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        )
 
     def body_of(self, choices: list[dict], **extra) -> dict:
         return {
@@ -366,7 +388,7 @@ async def _completion_stream(generations: list[Generation], context: _Completion
                     if logprobs is not None:
                         cursor.text_offset += sum(len(t) for t in logprobs["tokens"])
                     choice = context.choice(prompt_index, sample, text, logprobs, cursor.done)
-                    yield sse(context.body_of([choice]))
+                    yield context.chunk(choice)
     except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
         yield error_event(exc)
     else:

@@ -22,7 +22,9 @@ import signal
 import socket
 import sys
 
+from axon.cli import INT8_HELP
 from axon.server.config import ServerConfig, load_config
+from axon.server.early_engine import spawn_first_model
 from axon.server.multinode import (
     add_multinode_args,
     multinode_args,
@@ -117,6 +119,7 @@ def _add_engine_args(group) -> None:
         help="embed: serve /v1/embeddings (pooled hidden states); auto (default): embed when "
         "the checkpoint has a sentence-transformers pooling config",
     )
+    group.add_argument("--activation-precision", choices=("float32", "int8"), help=INT8_HELP)
 
 
 def parse_mm_limits(text: str) -> dict[str, int]:
@@ -220,7 +223,9 @@ def run_serve(ns: argparse.Namespace) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return asyncio.run(serve(config, hard_exit=True, starter=starter))
+    # Before the server stack (and torch) is imported: the engine loads meanwhile.
+    early = spawn_first_model(config) if starter is None else None
+    return asyncio.run(serve(config, hard_exit=True, starter=starter, early=early))
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -310,12 +315,13 @@ def _make_server(config: ServerConfig, state):
     return Server(uv_config)
 
 
-async def serve(config: ServerConfig, hard_exit: bool = False, starter=None) -> int:
+async def serve(config: ServerConfig, hard_exit: bool = False, starter=None, early=None) -> int:
     """Serves until SIGTERM/SIGINT (or until uvicorn stops), then drains and unloads; returns 0.
 
     `hard_exit` ends the process with os._exit after the drain, as neuron does: a thread still
     blocked in a download must not keep a stopped server alive. `starter` replaces the
-    registry's model starter (see `multinode_starter`).
+    registry's model starter (see `multinode_starter`); `early`: the first startup model's
+    engine, already spawned (see early_engine.py).
     """
     from axon.server.registry import ModelRegistry
     from axon.server.state import AppState
@@ -329,6 +335,8 @@ async def serve(config: ServerConfig, hard_exit: bool = False, starter=None) -> 
         state="pre_warming" if config.default_models else "ready",
         pending=[spec.served_id for spec in config.default_models],
     )
+    if early is not None:
+        starter = early.starter()
     state = AppState(config=config, registry=ModelRegistry(config, starter), activation=tracker)
     server = _make_server(config, state)
     stop = asyncio.Event()
@@ -339,6 +347,8 @@ async def serve(config: ServerConfig, hard_exit: bool = False, starter=None) -> 
     startup = asyncio.create_task(
         load_default_models(state.registry, config.default_models, tracker)
     )
+    if early is not None:
+        startup.add_done_callback(lambda _: early.discard())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     await _shutdown(state, server, serving, startup)

@@ -105,13 +105,15 @@ class ServedModel:
         chat_template: ChatTemplate | None = None,
         previous: ServedModel | None = None,
         on_progress=None,
+        spawned=None,
     ) -> ServedModel:
         """Spawn the engine process for `model_path` and wait until it is ready; the tokenizer
         loads meanwhile, in a thread. `chat_template` is the text of a template that overrides
         the model's own (the registry reads the spec's file, under its path rules, before the
         load; this never reads a path from the spec). `previous`: the faulted model this one
         replaces, whose tokenizer and template are reused (a recovery loads only weights).
-        `on_progress(loaded, total)`: the bytes of weights loaded so far, as the engine loads."""
+        `on_progress(loaded, total)`: the bytes of weights loaded so far, as the engine loads.
+        `spawned`: an engine spawned ahead for this model (see EngineClient.start)."""
         config = EngineConfig.from_kwargs(str(model_path), **engine_args)
         if previous is not None:
             frontend = asyncio.get_running_loop().create_future()
@@ -126,6 +128,7 @@ class ServedModel:
             liveness=_liveness(server_config),
             env=_device_env(spec),
             on_progress=on_progress,
+            spawned=spawned,
         )
         try:
             tokenizer, template = await frontend

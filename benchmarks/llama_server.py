@@ -1,0 +1,130 @@
+"""llama.cpp's `llama-server`, built from the sources vendored in the llama-cpp-python sdist and
+launched on a GGUF file: the real peer of `axon serve`.
+
+The binary is built once with cmake (`-DGGML_NATIVE=ON`, Release, no curl, server target only;
+about 10+ minutes on 2 cores, under `nice`) into ~/.cache/axon-bench/llama-server-<version>/ and
+reused when present. The sdist is the one tests/llama_cpp_sdist.py finds or downloads.
+
+    python benchmarks/llama_server.py            # build (or find) it and print its path
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+CACHE = Path.home() / ".cache" / "axon-bench"
+SDIST_DIRS = (
+    Path.home() / ".cache" / "axon-test" / "llama-cpp-python",
+    CACHE,
+    Path("/tmp/lcp"),
+)
+VENDOR = "vendor/llama.cpp/"
+CMAKE_FLAGS = [
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DCMAKE_BUILD_TYPE=Release",
+]
+
+
+def find_sdist() -> Path:
+    """The newest llama-cpp-python sdist already on disk, else one downloaded with pip."""
+    for directory in SDIST_DIRS:
+        found = sorted(directory.glob("llama_cpp_python-*.tar.gz")) if directory.is_dir() else []
+        if found:
+            return found[-1]
+    SDIST_DIRS[0].mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+    subprocess.run([*command, "llama-cpp-python", "-d", str(SDIST_DIRS[0])], check=True)
+    return sorted(SDIST_DIRS[0].glob("llama_cpp_python-*.tar.gz"))[-1]
+
+
+def sdist_version(sdist: Path) -> str:
+    return sdist.name.removeprefix("llama_cpp_python-").removesuffix(".tar.gz")
+
+
+def extract_sources(sdist: Path, target: Path) -> Path:
+    """`vendor/llama.cpp` of the sdist, extracted once into `target`."""
+    done = target / ".extracted"
+    if done.exists():
+        return target
+    with tarfile.open(sdist) as archive:
+        members = []
+        for member in archive.getmembers():
+            if VENDOR in member.name:
+                member.name = member.name.split(VENDOR, 1)[1]
+                if member.name:
+                    members.append(member)
+        archive.extractall(target, members=members, filter="data")
+    done.touch()
+    return target
+
+
+def build_llama_server(jobs: int = 2) -> Path:
+    """The path of a cached `llama-server` binary, configured and built first when missing
+    (logged to ~/.cache/axon-bench/llama-server-<version>.log)."""
+    sdist = find_sdist()
+    version = sdist_version(sdist)
+    binary = CACHE / f"llama-server-{version}" / "llama-server"
+    if binary.exists():
+        return binary
+    source = extract_sources(sdist, CACHE / f"llama-server-src-{version}")
+    build = source / "build"
+    log = CACHE / f"llama-server-{version}.log"
+    print(f"building llama-server {version} from {source} (log: {log}) ...", flush=True)
+    nice = ["nice", "-n", "10"]
+    with log.open("w") as out:
+        configure = [*nice, "cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS]
+        subprocess.run(configure, stdout=out, stderr=subprocess.STDOUT, check=True)
+        compile_ = [*nice, "cmake", "--build", str(build), "--target", "llama-server"]
+        subprocess.run(
+            [*compile_, "-j", str(jobs)], stdout=out, stderr=subprocess.STDOUT, check=True
+        )
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(build / "bin" / "llama-server", binary.with_suffix(".tmp"))
+    os.replace(binary.with_suffix(".tmp"), binary)
+    return binary
+
+
+def server_command(
+    binary: Path, model: Path, port: int, ctx_per_slot: int, slots: int, threads: int
+) -> list[str]:
+    """llama-server on `model` with `slots` parallel slots of `ctx_per_slot` tokens each: `-c`
+    is the total, split evenly across the slots (`--no-kv-unified`; unified is its default
+    only when the slot count is automatic). Prompt caching stays at its default (on)."""
+    return [
+        str(binary),
+        *("-m", str(model), "--host", "127.0.0.1", "--port", str(port)),
+        *("-c", str(ctx_per_slot * slots), "-np", str(slots), "--no-kv-unified"),
+        *("-t", str(threads), "-tb", str(threads)),
+        *("--no-webui", "--alias", "llama-server"),
+    ]
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout: float = 600.0) -> float:
+    """Seconds until GET `url` answers 200; raises if the process exits or time runs out."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode} before ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return time.perf_counter() - start
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} not ready after {timeout:.0f} s")
+
+
+if __name__ == "__main__":
+    print(build_llama_server())

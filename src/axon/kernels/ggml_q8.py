@@ -1,0 +1,108 @@
+"""GGML weights times 8-bit activations (ggml_q8.c, through ctypes): the opt-in
+`activation_precision="int8"` path of batched steps.
+
+Each token's activations are quantized on their own per block, with llama.cpp's schemes (Q8_K,
+256 wide, for the K-quants; Q8_0 / Q8_1, 32 wide, for the legacy formats): a float scale
+d = max|x| / 127 and int8 values round(x / d). The products are integer dot products of those
+values with the weights' codes, scaled once per block: the same math, up to float32 rounding, as
+`F.linear(dequantize_activations(x), dequantize(W))`, which is the reference twin
+(`matmul_ref`). A token's output does not depend on the rest of the batch.
+
+The default path (kernels/ggml_cpu.py) keeps float32 activations; GGMLWeights calls `matmul`
+here for batches of more than one token when its weights were built with int8 activations.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+
+from axon.kernels import build
+from axon.kernels.ggml_dequant import dequantize_rows_ref
+
+if TYPE_CHECKING:
+    from axon.kernels.ggml_cpu import GGMLWeights
+
+K_TYPES = (12, 13, 14)  # Q4_K, Q5_K, Q6_K: Q8_K activations; the others Q8_0 / Q8_1
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = build.load()
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.axon_q8_matmul_parts.argtypes = [
+        *(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ptr), ctypes.POINTER(i64)),
+        *(i64, ptr, i64, ptr, i64, ctypes.c_int),
+    ]
+    lib.axon_q8_supported.argtypes = [ctypes.c_int]
+    lib.axon_q8_quantize.argtypes = [ptr, i64, ctypes.c_int, ptr, ptr, ptr]
+    return lib
+
+
+def supports(ggml_types) -> bool:
+    """Whether every type in `ggml_types` has an 8-bit-activation kernel (F32 has none: float
+    weights stay on the float path), False when the C kernels could not be built."""
+    lib = _library()
+    return lib is not None and all(lib.axon_q8_supported(int(t)) for t in ggml_types)
+
+
+def block_of(ggml_type: int) -> int:
+    """The activation block width for weights of `ggml_type`: 256 (Q8_K) or 32 (Q8_0)."""
+    return 256 if int(ggml_type) in K_TYPES else 32
+
+
+def matmul(weights: GGMLWeights, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """x [T, cols] float32 (contiguous) -> `out` [T, rows] (float32, contiguous rows) with
+    8-bit activations; `weights` holds the C call's prepared arguments."""
+    # Many tokens make even a small weight worth the threads (the work is tokens x weights).
+    threads = torch.get_num_threads() if weights.parallel or x.shape[0] >= 64 else 1
+    status = _library().axon_q8_matmul_parts(
+        len(weights.parts), weights._types, weights._ptrs, weights._rows, weights.cols,
+        x.data_ptr(), x.shape[0], out.data_ptr(), out.stride(0), threads,
+    )  # fmt: skip
+    if status == -2:
+        raise MemoryError("ggml_q8: out of memory for the quantized activations")
+    if status != 0:
+        types = [t for t, _ in weights.parts]
+        raise ValueError(f"ggml_q8: unsupported types {types} or cols {weights.cols}")
+    return out
+
+
+def quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One token x [cols] as the C kernel quantizes it (a test hook): int8 values [cols],
+    scales [cols / block], and the sums (block 256: int16 per 16; block 32: float d * sum)."""
+    x = x.to(torch.float32).contiguous()
+    cols = x.shape[0]
+    q = torch.empty(cols, dtype=torch.int8)
+    d = torch.empty(cols // block, dtype=torch.float32)
+    k = block == 256
+    sums = torch.empty(cols // 16, dtype=torch.int16) if k else torch.empty(cols // 32)
+    _library().axon_q8_quantize(x.data_ptr(), cols, int(k), q.data_ptr(), d.data_ptr(),
+                                sums.data_ptr())  # fmt: skip
+    return q, d, sums
+
+
+def quantize_ref(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, cols] -> int8 values [T, cols] and scales [T, cols / block] float32, each block
+    on its own: d = max|x| / 127, q = round(x / d) (ties to even; 0 for an all-zero block)."""
+    blocks = x.to(torch.float32).reshape(x.shape[0], -1, block)  # [T, cols / block, block]
+    d = blocks.abs().amax(-1) / 127.0
+    inverse = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inverse.unsqueeze(-1)).to(torch.int8)
+    return q.reshape(x.shape), d
+
+
+def matmul_ref(x: torch.Tensor, raw: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
+    """The reference twin: x [T, cols] quantized per token per block (`quantize_ref`), times
+    the dequantized weight raw [N, row_bytes], in float64 -> [T, N] float32. Equal in exact
+    arithmetic to the kernel's integer sums times the block scales."""
+    block = block_of(ggml_type)
+    q, d = quantize_ref(x, block)
+    x_hat = q.double().reshape(x.shape[0], -1, block) * d.double().unsqueeze(-1)
+    weight = dequantize_rows_ref(raw, ggml_type, cols).double()
+    return (x_hat.reshape(x.shape[0], cols) @ weight.T).float()
