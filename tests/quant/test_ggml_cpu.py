@@ -200,8 +200,9 @@ def avx2_library(tmp_path_factory):
 @pytest.mark.skipif(not _has_avx512_vnni(), reason="no AVX-512 BW + VNNI on this CPU")
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
 def test_k_quant_batch_one_avx512_equals_avx2_bit_for_bit(qtype, avx2_library):
-    """The AVX-512 batch-1 path computes the AVX2 path's integer sums (two sub-blocks per
-    instruction, folded to its eight lanes), so the two builds agree to the last bit."""
+    """The AVX-512 batch-1 loop (Q6_K) computes the AVX2 loop's integer sums (two sub-blocks per
+    instruction, folded to its eight lanes), so a build with AVX-512 and one without agree to
+    the last bit."""
     x = torch.randn(1, COLS, generator=torch.Generator().manual_seed(5))
     x[0, 3] = 300.0
     for qt in (_tensor(qtype), _saturated(qtype)):

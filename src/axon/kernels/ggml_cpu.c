@@ -10,7 +10,7 @@
  *   - one token (decode at batch 1), K-quants (AVX2): x held as a 24-bit fixed point per 256
  *     values (three int8 digits), integer products of codes and digits (vpmaddubsw), the
  *     integer sub-scales applied in integers (vpmaddwd), float once per 256 weights (gemv_k);
- *     with AVX-512 BW + VNNI two sub-blocks per instruction and vpdpwssd, the same integers;
+ *     Q6_K with AVX-512 BW + VNNI: two sub-blocks per instruction and vpdpwssd, same integers;
  *   - one token, other formats: codes widened from the packed bytes, sum(code * x) over each
  *     scale group in float32, times the scale once per group, plus bias * sum(x) once per 32;
  *   - several tokens: each row's weights are rebuilt in float32 registers and multiplied with up
@@ -517,59 +517,44 @@ INLINE __m128i k_scales_vec(__m128i raw) {
     return _mm_or_si128(_mm_or_si128(low, high4), top2);
 }
 
-/* A K-quant block's products with the three digits of its 256 x: A = sum(sub-scale * code * a),
- * B and C the same with b and c, in eight int32 lanes (lane i sums products i, i + 8, ...). */
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-/* AVX-512: two sub-blocks per instruction (sub-block 2j in the low 256 bits, 2j + 1 in the high
- * ones) and VNNI's vpdpwssd applying the sub-scales and accumulating in one instruction, about
- * 2.7x fewer instructions per weight than the AVX2 loop. The integer sums are the same as its
- * (folded to eight lanes at the end), so the result is bit-identical to the AVX2 path's. On
- * Zen 4, which issues one 512-bit multiply per cycle against two 256-bit ones, it measured at
- * the AVX2 loop's speed (the multiplies per weight are the same); it is for cores with full
- * 512-bit multipliers. */
+#define K_SUMS_512 1
+/* AVX-512 for Q6_K: two sub-blocks per instruction (sub-block 2j in the low 256 bits, 2j + 1 in
+ * the high ones; their low nibbles are 64 bytes in a row), and VNNI's vpdpwssd applying the
+ * sub-scales and accumulating in one instruction. The integer sums are the AVX2 loop's (folded
+ * to its eight lanes at the end), so the result is bit-identical. Measured on Zen 4, which
+ * issues one 512-bit multiply per cycle against two 256-bit ones: Q6_K 1.05-1.1x, where
+ * decoding its codes is a larger share of the work; the same form for Q4_K ran at the AVX2
+ * loop's speed and for Q5_K 7 % slower, so those stay on it. */
 INLINE __m512i halves(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-INLINE __m512i broadcast32(const uint8_t *p) {
-    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
-}
-
-/* The 64 unsigned codes of sub-blocks 2j and 2j + 1 (Q6_K's 32 too high), as k_codes. */
-INLINE __m512i k_codes64(int type, const uint8_t *b, int j) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    if (type == Q6_K) { /* sub-blocks 2j, 2j + 1: the nibbles of 64 bytes, one shift for both */
-        const int half = j / 2, high = j & 1;
-        const __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * half));
-        const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(ql, 4 * high), low4);
-        const __m512i qh = broadcast32(b + 128 + 32 * half);
-        /* bits 2 * part, 2 * part + 1 of each byte to bits 4 and 5: parts 0 | 1, or 2 | 3 */
-        const __m512i right = halves(_mm256_set1_epi64x(0), _mm256_set1_epi64x(2));
-        const __m512i left = halves(_mm256_set1_epi64x(4), _mm256_set1_epi64x(2));
-        const __m512i hi = high ? _mm512_srlv_epi64(qh, right) : _mm512_sllv_epi64(qh, left);
-        return _mm512_ternarylogic_epi32(lo, hi, _mm512_set1_epi8(0x30), 0xF8); /* lo | hi & 0x30 */
-    }
-    /* Q4_K / Q5_K: 32 bytes, low nibbles for sub-block 2j, high ones for 2j + 1 */
-    const __m512i bytes = broadcast32(b + (type == Q4_K ? 16 : 48) + 32 * j);
-    const __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(bytes, 0xFFFF0000u, bytes, 4), low4);
-    if (type == Q4_K) return q;
-    const __m512i bit =
-        halves(_mm256_set1_epi8((char)(1 << 2 * j)), _mm256_set1_epi8((char)(2 << 2 * j)));
-    const __mmask64 fifth = _mm512_test_epi8_mask(broadcast32(b + 16), bit);
-    return _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(16));
+/* The 64 codes of Q6_K sub-blocks 2j and 2j + 1, 32 too high, as k_codes. */
+INLINE __m512i q6_codes64(const uint8_t *b, int j) {
+    const int half = j / 2, high = j & 1;
+    const __m512i ql = _mm512_loadu_si512((const void *)(b + 64 * half));
+    const __m512i lo = _mm512_and_si512(_mm512_srli_epi16(ql, 4 * high), _mm512_set1_epi8(0x0F));
+    const __m256i qh32 = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * half));
+    const __m512i qh = _mm512_broadcast_i64x4(qh32);
+    /* bits 2 * part, 2 * part + 1 of each byte to bits 4 and 5: parts 0 | 1, or 2 | 3 */
+    const __m512i right = halves(_mm256_set1_epi64x(0), _mm256_set1_epi64x(2));
+    const __m512i left = halves(_mm256_set1_epi64x(4), _mm256_set1_epi64x(2));
+    const __m512i hi = high ? _mm512_srlv_epi64(qh, right) : _mm512_sllv_epi64(qh, left);
+    return _mm512_ternarylogic_epi32(lo, hi, _mm512_set1_epi8(0x30), 0xF8); /* lo | hi & 0x30 */
 }
 
 INLINE __m256i fold(__m512i v) {
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-INLINE void k_digit_sums(int type, const uint8_t *b, __m256i sc, const int8_t *digits,
-                         int64_t cols, __m256i *A, __m256i *B, __m256i *C) {
+INLINE void q6_digit_sums(const uint8_t *b, __m256i sc, const int8_t *digits, int64_t cols,
+                          __m256i *A, __m256i *B, __m256i *C) {
     const __m512i sc2 = _mm512_broadcast_i64x4(sc);
     __m512i a = _mm512_setzero_si512(), bb = a, c = a;
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
-        const __m512i q = k_codes64(type, b, j);
+        const __m512i q = q6_codes64(b, j);
         const int16_t even = (int16_t)((4 * j + 1) << 8 | 4 * j), odd = (int16_t)(even + 0x0202);
         const __m512i scale =
             _mm512_shuffle_epi8(sc2, halves(_mm256_set1_epi16(even), _mm256_set1_epi16(odd)));
@@ -583,7 +568,10 @@ INLINE void k_digit_sums(int type, const uint8_t *b, __m256i sc, const int8_t *d
     }
     *A = fold(a), *B = fold(bb), *C = fold(c);
 }
-#else
+#endif
+
+/* A K-quant block's products with the three digits of its 256 x: A = sum(sub-scale * code * a),
+ * B and C the same with b and c, in eight int32 lanes (lane i sums products i, i + 8, ...). */
 INLINE void k_digit_sums(int type, const uint8_t *b, __m256i sc, const int8_t *digits,
                          int64_t cols, __m256i *A, __m256i *B, __m256i *C) {
     __m256i a = _mm256_setzero_si256(), bb = a, c = a;
@@ -605,7 +593,6 @@ INLINE void k_digit_sums(int type, const uint8_t *b, __m256i sc, const int8_t *d
     }
     *A = a, *B = bb, *C = c;
 }
-#endif
 
 /* One token, one row of a K-quant: sum over each block of d * sub-scale * code * x in integers,
  * plus the biases (Q4_K / Q5_K: -dmin * min per 32; Q6_K: its codes' offset, -32 * d *
@@ -645,7 +632,12 @@ INLINE f32x8 gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, c
             dd = (f32x8)_mm256_broadcastss_ps(ds);
         }
         __m256i A, B, C;
-        k_digit_sums(type, b, sc, token->digits + 256 * k, cols, &A, &B, &C);
+#ifdef K_SUMS_512
+        if (type == Q6_K)
+            q6_digit_sums(b, sc, token->digits + 256 * k, cols, &A, &B, &C);
+        else
+#endif
+            k_digit_sums(type, b, sc, token->digits + 256 * k, cols, &A, &B, &C);
         f32x8 sum;
         if (type == Q6_K)
             sum = cvt((i32x8)A) * 65536.0f + (cvt((i32x8)B) * 256.0f + cvt((i32x8)C));
