@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,11 @@ _DTYPES = {
     "fp16": "float16",
     "half": "float16",
 }
+
+
+def _check(config, ok: bool, name: str, why: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} {why}, got {getattr(config, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -73,9 +79,7 @@ class EngineConfig:
     activation_precision: str = "float32"
 
     def __post_init__(self) -> None:
-        def check(ok: bool, name: str, why: str) -> None:
-            if not ok:
-                raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+        check = functools.partial(_check, self)
 
         check(
             self.dtype == "auto" or self.dtype in _DTYPES,
@@ -108,6 +112,13 @@ class EngineConfig:
             f"must be a multiple of nnodes {self.nnodes}",
         )
         check(0 < self.master_port < 65536, "master_port", "must be in [1, 65535]")
+        self._check_features()
+
+    def _check_features(self) -> None:
+        """The per-model features (task, activation precision, images, the KV fraction)."""
+
+        check = functools.partial(_check, self)
+
         check(self.task in ("auto", "generate", "embed"), "task", "must be auto, generate or embed")
         check(
             self.activation_precision in ("float32", "int8"),
