@@ -22,6 +22,9 @@ second program busy on one core of the machine would be. --axon-env KEY=VALUE se
 variables for one more axon worker, alternated with the others in the same run (e.g.
 --axon-env OMP_WAIT_POLICY=ACTIVE --axon-env GOMP_SPINCOUNT=300000, to compare thread policies).
 
+--activation-precision float32 int8 runs one axon per precision in the same run, alternated with
+the rest ("axon" is float32, the exact default; "axon int8" the opt-in 8-bit activations).
+
 --qwen3 writes the random Qwen3 model of benchmarks/offline_throughput.py as an F16 GGUF (with
 gguf-py and a placeholder vocab: prompts are token ids) and quantizes it with llama.cpp's
 `llama_model_quantize` to Q8_0 and Q4_K_M, into ~/.cache/axon-bench/.
@@ -105,6 +108,7 @@ def axon_worker(job: dict) -> dict:
         kv_cache_memory=job["kv_bytes"],
         max_num_seqs=max(job["streams"]),
         max_num_batched_tokens=2048,
+        activation_precision=job.get("activation_precision", "float32"),
     )
 
     def run(prompts: list[list[int]], tokens: int) -> float:
@@ -160,7 +164,10 @@ def make_job(model: Path, args: argparse.Namespace, vocab: int) -> dict:
 
 
 def run_worker(command: list[str], job: dict, extra_env: dict[str, str]) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), **extra_env}
+    # --threads on every core: axon's own policy (which then adapts the count to a busy core)
+    every_core = job["threads"] == len(os.sched_getaffinity(0))
+    count = {} if every_core else {"OMP_NUM_THREADS": str(job["threads"])}
+    env = {**os.environ, **count, **extra_env}
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
     )
@@ -187,14 +194,19 @@ def compare(model: Path, llama_python: Path, args: argparse.Namespace) -> dict:
     job = make_job(model, args, vocab)
     axon_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
     llama_cmd = [str(llama_python), str(BENCH / "llamacpp_worker.py")]
-    engines = {"axon": (axon_cmd, {})}  # name: (command, extra environment)
+    engines = {}  # name: (command, extra environment, job)
+    for precision in args.activation_precision:  # one axon per precision, alternated
+        name = "axon" if precision == "float32" else f"axon {precision}"
+        engines[name] = (axon_cmd, {}, {**job, "activation_precision": precision})
+    first = {**job, "activation_precision": args.activation_precision[0]}
     for variant in args.axon_env:  # each --axon-env is one more axon, alternated with the rest
-        engines[f"axon {variant}"] = (axon_cmd, dict(i.split("=", 1) for i in variant.split(",")))
-    engines["llama.cpp"] = (llama_cmd, {})
+        extra = dict(i.split("=", 1) for i in variant.split(","))
+        engines[f"axon {variant}"] = (axon_cmd, extra, first)
+    engines["llama.cpp"] = (llama_cmd, {}, job)
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     for repeat in range(args.repeats):
-        for name, (command, extra_env) in engines.items():
-            runs[name].append(run_worker(command, job, extra_env))
+        for name, (command, extra_env, engine_job) in engines.items():
+            runs[name].append(run_worker(command, engine_job, extra_env))
             print(f"  {model.name} {name} #{repeat + 1}: {json.dumps(runs[name][-1])}", flush=True)
     return {
         "model": model.name,
@@ -323,6 +335,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE[,KEY=VALUE]",
         help="one more axon, run with this environment (thread-policy experiments); repeatable",
+    )
+    parser.add_argument(
+        "--activation-precision",
+        nargs="+",
+        choices=["float32", "int8"],
+        default=["float32"],
+        help="axon's activation precision(s): one axon per value, in the same run",
     )
     parser.add_argument("--json", type=Path, help="write the results here too")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -15,6 +15,8 @@ stacked experts, only the chosen `top_k / num_experts` share.
 
     PYTHONPATH=src python benchmarks/moe.py                  # Q8_0 and Q4_K_M
     PYTHONPATH=src python benchmarks/moe.py --ftype Q8_0 --repeats 1
+    PYTHONPATH=src python benchmarks/moe.py --ftype Q4_K_M --decode-only \
+        --activation-precision float32 int8     # exact and 8-bit activations, same run
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from gguf_vs_llamacpp import CACHE, compare, ensure_llamacpp, quantize  # noqa: E402
+from gguf_vs_llamacpp import CACHE, compare, engine_names, ensure_llamacpp, quantize  # noqa: E402
 from gguf_vs_llamacpp import parse_args as comparison_args  # noqa: E402
 
 SHAPE = dict(
@@ -134,27 +136,31 @@ def active_bytes_per_token(model: Path) -> tuple[int, int]:
 
 
 def table(results: list[dict], threads: int) -> str:
+    counts = {max(r["llama.cpp"]["streams_tok_s"], key=int) for r in results}
     lines = [
         f"| model | file MiB (active MiB / token) | engine | batch-1 decode tok/s (GB/s on "
-        f"active bytes) | 16 streams tok/s | ({threads} threads)",
+        f"active bytes) | {'/'.join(sorted(counts))} streams tok/s | ({threads} threads)",
         "| --- | --- | --- | --- | --- |",
     ]
     for r in results:
         size = f"{r['file_bytes'] / 2**20:.0f} ({r['read_bytes'] / 2**20:.0f})"
-        for name in ("axon", "llama.cpp"):
+        streams = max(r["llama.cpp"]["streams_tok_s"], key=int)  # "16" ("1": --decode-only)
+        for name in engine_names(r):
             m = r[name]
             gbs = m["decode_tok_s"] * r["read_bytes"] / 1e9
             lines.append(
                 f"| {r['model']} | {size} | {name} | {m['decode_tok_s']:.1f} ({gbs:.1f}) | "
-                f"{m['streams_tok_s']['16']:.1f} |"
+                f"{m['streams_tok_s'][streams]:.1f} |"
             )
-        a, b = r["axon"], r["llama.cpp"]
-        decode = a["decode_tok_s"] / b["decode_tok_s"]
-        streams = a["streams_tok_s"]["16"] / b["streams_tok_s"]["16"]
-        lines.append(
-            f"| {r['model']} | | **axon / llama.cpp** | **{decode:.2f}** (target "
-            f"{TARGET_DECODE}) | {streams:.2f} |"
-        )
+        b = r["llama.cpp"]
+        for name in engine_names(r)[:-1]:  # each axon against llama.cpp
+            a = r[name]
+            decode = a["decode_tok_s"] / b["decode_tok_s"]
+            ratio = a["streams_tok_s"][streams] / b["streams_tok_s"][streams]
+            lines.append(
+                f"| {r['model']} | | **{name} / llama.cpp** | **{decode:.2f}** (target "
+                f"{TARGET_DECODE}) | {ratio:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -166,6 +172,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--stream-tokens", type=int, default=32)
     parser.add_argument("--llamacpp-venv", type=Path, default=CACHE / "llamacpp-venv")
+    parser.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="batch-1 decode only: the 16-stream column shrinks to one stream of two tokens",
+    )
+    parser.add_argument(
+        "--activation-precision",
+        nargs="+",
+        choices=["float32", "int8"],
+        default=["float32"],
+        help="axon's activation precision(s): one axon per value, in the same run",
+    )
     parser.add_argument("--json", type=Path, help="write the results here too")
     return parser.parse_args(argv)
 
@@ -178,7 +196,11 @@ def main(argv=None) -> int:
         ["--threads", str(args.threads), "--repeats", str(args.repeats), "--streams", "16"]
         + ["--decode-tokens", str(args.decode_tokens), "--prefill-len", "64"]
         + ["--stream-tokens", str(args.stream_tokens)]
+        + ["--activation-precision", *args.activation_precision]
     )
+    if args.decode_only:  # as gguf_vs_llamacpp's --decode-only: the other columns kept cheap
+        job_args.prefill_len, job_args.streams = 8, [1]
+        job_args.stream_prompt_len, job_args.stream_tokens = 8, 2
     results = []
     for ftype in args.ftype:
         model = quantize(llama_python, f16, CACHE / f"{NAME}-{ftype}.gguf", ftype)

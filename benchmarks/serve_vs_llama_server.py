@@ -124,6 +124,7 @@ def axon_command(model: Path, port: int, args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "axon", "serve", str(model), "--port", str(port)]
     command += ["--served-model-name", "axon", "--max-num-seqs", str(args.slots)]
     command += ["--max-model-len", str(args.ctx_per_slot), "--kv-cache-memory", "8G"]
+    command += ["--activation-precision", args.activation_precision]
     return command + ["--log-level", args.axon_log_level]
 
 
@@ -206,7 +207,7 @@ def requests_at(level: int, rounds: int = 2, minimum: int = 6) -> int:
 
 def compare_file(model: Path, binary: Path, args: argparse.Namespace) -> dict:
     """Both servers on `model`; {engine: {level: best-of metrics}} plus every run's figures."""
-    print(f"{model.name}:", flush=True)
+    print(f"{model.name} (axon --activation-precision {args.activation_precision}):", flush=True)
     servers = start_servers(model, binary, args, args.log_dir)
     try:
         source = make_prompt_source(servers["axon"][1], model)
@@ -271,6 +272,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--axon-log-level", default="info")
+    parser.add_argument(
+        "--activation-precision",
+        choices=("float32", "int8"),
+        default="float32",
+        help="axon's --activation-precision (int8: 8-bit activations, as llama.cpp computes)",
+    )
     parser.add_argument("--log-dir", type=Path, default=CACHE / "serve-vs-llama-server-logs")
     parser.add_argument("--json", type=Path, help="write every run's figures here too")
     args = parser.parse_args(argv)

@@ -23,7 +23,11 @@ if importlib.util.find_spec("axon") is None:
 def pytest_configure(config: pytest.Config) -> None:
     # The suite's models are tiny: two intra-op threads spinning on two (often shared) cores cost
     # far more than they save (the model tests run ~10x faster on one). OMP_NUM_THREADS overrides.
+    # Set in the environment too, so that the engine processes, tensor-parallel ranks and servers
+    # the tests start run one thread (not axon's one per core, spinning against the other
+    # worker: a third of their CPU time); thread-policy tests clear OMP_* themselves.
     if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
         import torch
 
         torch.set_num_threads(1)

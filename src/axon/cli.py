@@ -21,9 +21,13 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_MAX_TOKENS = 128
 INT8_HELP = (
-    "int8: batched steps (2+ tokens: prefill, multi-stream decode) on GGUF weights quantize "
-    "activations to 8 bits per block (llama.cpp's Q8_K / Q8_0) and use integer dot products; "
-    "batch-1 decode stays exact (default: float32, exact)"
+    "int8: every step (prefill, batch-1 and multi-stream decode, MoE experts) on GGUF weights "
+    "quantizes activations to 8 bits per block (llama.cpp's Q8_K / Q8_0) and uses integer dot "
+    "products (default: float32, exact)"
+)
+ADAPTIVE_HELP = (
+    "CPU: run n or n - 1 OpenMP threads, whichever steps faster (a core busy with another "
+    "process); OMP_NUM_THREADS turns it off (default: on)"
 )
 
 # Binary units: 512M is 512 MiB. An optional B or iB may follow (512MB, 512MiB, 100B).
@@ -41,6 +45,7 @@ _ENGINE_KEYS = (
     "kv_cache_memory",
     "tensor_parallel_size",
     "activation_precision",
+    "adaptive_threads",
 )
 
 
@@ -122,6 +127,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="KV cache size in bytes; binary suffixes allowed: 512M, 2G",
     )
     group.add_argument("--activation-precision", choices=("float32", "int8"), help=INT8_HELP)
+    group.add_argument(
+        "--adaptive-threads",
+        action=argparse.BooleanOptionalAction,
+        help=ADAPTIVE_HELP,
+    )
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -73,10 +73,13 @@ class EngineConfig:
     # (prefill only). "auto": embed when the checkpoint has a sentence-transformers pooling
     # config (modules.json), else generate.
     task: str = "auto"
-    # "int8": batched steps (2+ tokens) on GGUF weights quantize each token's activations to
-    # 8 bits per block (llama.cpp's Q8_K / Q8_0) and use integer dot products; "float32" (the
-    # default) is the exact path. Batch-1 decode stays exact either way.
+    # "int8": every step (batch-1 decode included) on GGUF weights quantizes each token's
+    # activations to 8 bits per block (llama.cpp's Q8_K / Q8_0) and uses integer dot products;
+    # "float32" (the default) is the exact path.
     activation_precision: str = "float32"
+    # CPU: switch between n and n - 1 OpenMP threads while running, keeping the faster (a core
+    # busy with another process); off when OMP_NUM_THREADS is set (runner/adaptive_threads.py).
+    adaptive_threads: bool = True
 
     def __post_init__(self) -> None:
         check = functools.partial(_check, self)

@@ -14,10 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from axon import LLM
 from axon.distributed import parallel_state as ps
 from axon.distributed.shm_allreduce import ShmCollectiveError, round_slot
-from tests.model.tiny_models import get_tiny_model
 
 SLOT_BYTES = 64 * 128 * 4  # 128 tokens x 64 hidden x fp32
 CASES = [  # (dtype, shape): the last one is larger than a slot and goes over gloo
@@ -215,6 +213,11 @@ def test_engine_ranks_default_to_shared_memory(tiny_model_root):
     """The engine's TP=2 CPU group reduces through a segment sized for its largest reduce:
     [max_num_batched_tokens, hidden] fp32 (tests/engine/test_tensor_parallel.py checks the
     logits and tokens through it)."""
+    # Imported here, not at the top: every spawned rank of the other tests imports this module,
+    # and the engine and transformers' model classes would cost each of them ~3 CPU-seconds.
+    from axon import LLM
+    from tests.model.tiny_models import get_tiny_model
+
     tiny = get_tiny_model("qwen3", tiny_model_root)
     llm = LLM(str(tiny.path), tensor_parallel_size=2, dtype="float32", max_num_batched_tokens=16)
     try:

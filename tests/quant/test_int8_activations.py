@@ -1,9 +1,16 @@
-"""Opt-in 8-bit activations for batched steps (kernels/ggml_q8.c): activations quantized per
+"""Opt-in 8-bit activations (kernels/ggml_q8.c): activations quantized per
 token per block as llama.cpp does (checked value for value), products equal to the reference
 twin (quantized activations times the dequantized weights, float64) for every GGML type, a
 token's output bit-identical whatever the batch around it, and the engine switch end to end."""
 
 from __future__ import annotations
+
+import ctypes
+import hashlib
+import platform
+import shutil
+import subprocess
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -12,6 +19,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from axon import LLM, SamplingParams
+from axon.cache_dir import cache_dir
 from axon.config import EngineConfig
 from axon.kernels import ggml_cpu, ggml_q8
 from axon.server.node_protocol import ModelSpec
@@ -81,7 +89,7 @@ def test_a_tokens_output_does_not_depend_on_the_batch(qtype):
     weights = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS, int8=True)
     token = _x(1, seed=99)
     others = _x(69, seed=5)
-    alone = ggml_q8.matmul(weights, token, torch.empty(1, ROWS))[0]  # (GGMLWeights: 2+ tokens)
+    alone = ggml_q8.matmul(weights, token, torch.empty(1, ROWS))[0]
     in_five = weights.matmul(torch.cat([others[:2], token, others[2:4]]))[2]
     in_seventy = weights.matmul(torch.cat([others[:41], token, others[41:]]))[41]
     assert torch.equal(alone, in_five) and torch.equal(alone, in_seventy)
@@ -98,6 +106,113 @@ def test_widths_off_eight_blocks(qtype):
     got, want = weights.matmul(x), ggml_q8.matmul_ref(x, raw, int(qtype), cols)
     assert float((got - want).abs().max()) <= 2e-6 * float(want.abs().max())
     assert torch.equal(weights.matmul(x[3:5])[0], got[3])
+
+
+EDGE_ROWS = 43  # units of 16 rows: 16, 16, then panels of 8 and 3 (rows past a panel's end)
+
+
+def _q8_call(lib, weights: ggml_cpu.GGMLWeights, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
+    out = torch.full((x.shape[0], weights.rows), float("nan"))
+    status = lib.axon_q8_matmul_parts(
+        len(weights.parts), weights._types, weights._ptrs, weights._rows, weights.cols,
+        x.data_ptr(), x.shape[0], out.data_ptr(), out.stride(0), threads,
+    )  # fmt: skip
+    assert status == 0
+    return out
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_tile_edges_match_one_token_calls(qtype):
+    """Token counts around the 6-token tiles and rows off the 16-row units: every token's row
+    is bit for bit its one-token call (a different kernel), and close to the reference twin."""
+    raw = _raw_tensor(qtype)[:EDGE_ROWS].contiguous()
+    weights = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS, int8=True)
+    lib = ggml_q8._library()
+    x = _x(33, seed=11)
+    alone = torch.cat([_q8_call(lib, weights, x[t : t + 1]) for t in range(33)])
+    for tokens in (2, 3, 5, 6, 7, 8, 9, 13, 33):
+        for threads in (1, 2):
+            got = _q8_call(lib, weights, x[:tokens], threads)
+            assert torch.equal(got, alone[:tokens]), (tokens, threads)
+    want = ggml_q8.matmul_ref(x, raw, int(qtype), COLS)
+    assert float((alone - want).abs().max()) <= 2e-6 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_one_token_row_walks_match_the_batch(qtype):
+    """One token walks short rows one after the other (K-quants up to 12 blocks, legacy up to 32)
+    and longer rows 8 side by side: on both sides of the switch, with 21 rows (a last octet of
+    5), a token alone is bit for bit its row of a batch, and close to the reference twin."""
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    wide = torch.cat([_raw_tensor(qtype, seed=s) for s in range(7)], dim=1)  # [48, 7 rows' bytes]
+    lib = ggml_q8._library()
+    for blocks in (12, 13) if block == 256 else (32, 33):
+        cols = blocks * block  # a row's blocks lie back to back: the first bytes of a wider row
+        raw = wide[:21, : blocks * block_bytes].contiguous()
+        weights = ggml_cpu.GGMLWeights([(int(qtype), raw)], cols, int8=True)
+        x = torch.randn(7, cols, generator=torch.Generator().manual_seed(cols))
+        batch = _q8_call(lib, weights, x)
+        for t in (0, 6):
+            for threads in (1, 2):
+                assert torch.equal(_q8_call(lib, weights, x[t : t + 1], threads)[0], batch[t])
+        want = ggml_q8.matmul_ref(x, raw, int(qtype), cols)
+        assert float((batch - want).abs().max()) <= 2e-6 * float(want.abs().max())
+
+
+def test_fused_parts_one_token_matches_the_batch():
+    """Mixed K and legacy parts, rows off the units: the one-token kernel fills each part's
+    columns with the bits the tiles give."""
+    parts = [(int(t), _raw_tensor(t, seed=s)[:rows].contiguous())
+             for s, (t, rows) in enumerate(((Q.Q6_K, 21), (Q.Q4_0, 43), (Q.Q5_K, 9)))]  # fmt: skip
+    weights = ggml_cpu.GGMLWeights(parts, COLS, int8=True)
+    lib = ggml_q8._library()
+    x = _x(7, seed=13)
+    batch = _q8_call(lib, weights, x, threads=2)
+    for t in range(7):
+        assert torch.equal(_q8_call(lib, weights, x[t : t + 1], threads=2)[0], batch[t])
+    want = torch.cat([ggml_q8.matmul_ref(x, raw, t, COLS) for t, raw in parts], dim=1)
+    assert float((batch - want).abs().max()) <= 2e-6 * float(want.abs().max())
+
+
+def _build_variant(flags: tuple[str, ...]) -> ctypes.CDLL:
+    """ggml_q8.c alone, built with `flags` (cached by source and flags)."""
+    source = Path(ggml_q8.__file__).with_suffix(".c")
+    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"ggml_q8-test-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{key}.tmp")
+        cmd = ["gcc", "-O3", *flags, "-fopenmp", "-fPIC", "-shared", str(source), "-o", str(tmp)]
+        subprocess.run([*cmd, "-lm"], check=True, capture_output=True)
+        tmp.replace(target)
+    lib = ctypes.CDLL(str(target))
+    lib.axon_q8_matmul_parts.argtypes = ggml_q8._library().axon_q8_matmul_parts.argtypes
+    return lib
+
+
+VARIANTS = {  # the library's own build is -march=native (VNNI where the CPU has it)
+    "avx2": ("-march=native", "-mno-avx512vnni"),
+    "portable": ("-march=x86-64",),  # no AVX2: the scalar loops
+}
+
+
+@pytest.fixture(scope="module")
+def variant_libs():
+    if platform.machine() != "x86_64" or shutil.which("gcc") is None:
+        pytest.skip("the variant builds are x86-64 gcc flags")
+    return {name: _build_variant(flags) for name, flags in VARIANTS.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_vnni_avx2_and_portable_builds_agree_bit_for_bit(qtype, variant_libs):
+    raw = _raw_tensor(qtype)[:EDGE_ROWS].contiguous()
+    weights = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS, int8=True)
+    x = _x(9, seed=12)
+    for x_part in (x[:1], x):  # the one-token kernel and the tiles
+        want = _q8_call(ggml_q8._library(), weights, x_part)
+        for name, lib in variant_libs.items():
+            assert torch.equal(_q8_call(lib, weights, x_part), want), name
 
 
 def test_float32_weights_stay_on_the_float_path():

@@ -181,3 +181,13 @@ def test_allowed_local_model_paths(tmp_path):
         toml.write_text(bad + "\n")
         with pytest.raises(ValueError, match="allowed_local_model_paths"):
             load_config(toml, environ={})
+
+
+def test_serve_passes_adaptive_threads_and_activation_precision(monkeypatch):
+    monkeypatch.delenv("AXON_CONFIG", raising=False)
+    argv = ["serve", "/models/x.gguf", "--no-adaptive-threads", "--activation-precision", "int8"]
+    config = config_from_namespace(build_parser().parse_args(argv), environ={})
+    assert config.engine.adaptive_threads is False
+    assert config.engine.activation_precision == "int8"
+    config = config_from_namespace(build_parser().parse_args(["serve", "/m.gguf"]), environ={})
+    assert config.engine.adaptive_threads is None  # unset: the engine's default (on)

@@ -1,7 +1,10 @@
 """Tensor parallelism through `axon serve`: a TP=2 copy of the tiny model loaded over HTTP
 answers greedy requests exactly as the TP=1 one does; kill -9 of its rank 1, or a rank that
 hangs past the step deadline, fails the model over to a fresh rank group (poisoned/recovering,
-then loaded), leaves no rank process or rendezvous directory behind, and serving resumes."""
+then loaded), leaves no rank process or rendezvous directory behind, and serving resumes.
+
+One server for the module (each start costs a serve process, an engine and its ranks): every
+test loads the TP models it needs under its own names, the wedge hook names only its own."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from .conftest import MODEL_ID, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 TP_ID = "tiny-tp2"
+WEDGED_ID = "tiny-tp2-wedged"  # the only model whose rank 1 hangs (once per server)
 STEP_TIMEOUT_S = 5
 
 
@@ -48,17 +52,28 @@ def _spawned_children(pid: int) -> list[int]:
     return found
 
 
+@pytest.fixture(scope="module")
+def tp_server(tiny_chat_model):
+    env = {"AXON_TP_STEP_TIMEOUT_S": str(STEP_TIMEOUT_S), "AXON_DEBUG_TP_WEDGE": WEDGED_ID}
+    server = start_server(tiny_chat_model, env)
+    yield server
+    stop_server(server)
+
+
 def _load_tp(base_url: str, model_dir, name: str = TP_ID) -> None:
+    """Loads the TP=2 copy `name` unless an earlier test of the module already did."""
+    if _entry(base_url, name) is not None:
+        return
     spec = {"model_id": str(model_dir), "served_model_name": name, "tensor_parallel": 2}
     loaded = httpx.post(base_url + "/models/load", json=spec, timeout=300)
     assert loaded.status_code == 200, loaded.text
 
 
-def _wait_recovered(base_url: str, engine_pid: int) -> tuple[set, dict]:
+def _wait_recovered(base_url: str, engine_pid: int, name: str = TP_ID) -> tuple[set, dict]:
     """The statuses seen until a new engine serves the model, and its entry."""
     seen, deadline = set(), time.monotonic() + 180
     while time.monotonic() < deadline:
-        entry = _entry(base_url)
+        entry = _entry(base_url, name)
         status = entry and entry["status"]
         seen.add(status)
         if status == "loaded" and entry["engine_pid"] != engine_pid:
@@ -76,31 +91,27 @@ def _gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_a_wedged_rank_trips_the_step_deadline(tiny_chat_model):
-    env = {"AXON_TP_STEP_TIMEOUT_S": str(STEP_TIMEOUT_S), "AXON_DEBUG_TP_WEDGE": TP_ID}
-    server = start_server(tiny_chat_model, env)
-    try:
-        _load_tp(server.base_url, tiny_chat_model)
-        engine_pid = _entry(server.base_url)["engine_pid"]
-        (rank1,) = _spawned_children(engine_pid)
-        stores = list(Path(tempfile.gettempdir()).glob(f"axon-tp-{engine_pid}-*"))
-        assert len(stores) == 1, stores
+def test_a_wedged_rank_trips_the_step_deadline(tp_server, tiny_chat_model):
+    url = tp_server.base_url
+    _load_tp(url, tiny_chat_model, WEDGED_ID)
+    engine_pid = _entry(url, WEDGED_ID)["engine_pid"]
+    (rank1,) = _spawned_children(engine_pid)
+    stores = list(Path(tempfile.gettempdir()).glob(f"axon-tp-{engine_pid}-*"))
+    assert len(stores) == 1, stores
 
-        started = time.monotonic()
-        wedged = _complete(server.base_url, TP_ID)  # rank 1 never answers this step
-        assert wedged.status_code == 503, wedged.text
-        assert "deadline" in wedged.text or "gloo" in wedged.text.lower(), wedged.text
-        assert time.monotonic() - started < STEP_TIMEOUT_S + 30
+    started = time.monotonic()
+    wedged = _complete(url, WEDGED_ID)  # rank 1 never answers this step
+    assert wedged.status_code == 503, wedged.text
+    assert "deadline" in wedged.text or "gloo" in wedged.text.lower(), wedged.text
+    assert time.monotonic() - started < STEP_TIMEOUT_S + 30
 
-        seen, entry = _wait_recovered(server.base_url, engine_pid)
-        assert seen & {"poisoned", "recovering", None}, seen
-        assert entry["status"] == "loaded" and entry["engine_pid"] != engine_pid, entry
-        assert _gone(engine_pid) and _gone(rank1)
-        assert not stores[0].exists()  # swept by the new engine's start
-        again = _complete(server.base_url, TP_ID)  # the hook fires once per server
-        assert again.status_code == 200, again.text
-    finally:
-        stop_server(server)
+    seen, entry = _wait_recovered(url, engine_pid, WEDGED_ID)
+    assert seen & {"poisoned", "recovering", None}, seen
+    assert entry["status"] == "loaded" and entry["engine_pid"] != engine_pid, entry
+    assert _gone(engine_pid) and _gone(rank1)
+    assert not stores[0].exists()  # swept by the new engine's start
+    again = _complete(url, WEDGED_ID)  # the hook fires once per server
+    assert again.status_code == 200, again.text
 
 
 def _open_stream(base_url: str, model: str):
@@ -124,60 +135,54 @@ def _open_stream(base_url: str, model: str):
     return stream, drain
 
 
-def test_tp2_over_http_matches_tp1_and_recovers_from_a_dead_rank(tiny_chat_model):
-    server = start_server(tiny_chat_model)
-    try:
-        _load_tp(server.base_url, tiny_chat_model)
-        client = openai.OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0)
+def test_tp2_over_http_matches_tp1_and_recovers_from_a_dead_rank(tp_server, tiny_chat_model):
+    server = tp_server
+    _load_tp(server.base_url, tiny_chat_model)
+    client = openai.OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0)
 
-        def complete(model: str) -> str:
-            reply = client.completions.create(
-                model=model, prompt="w10 w11 w12", max_tokens=8, temperature=0
-            )
-            return reply.choices[0].text
+    def complete(model: str) -> str:
+        reply = client.completions.create(
+            model=model, prompt="w10 w11 w12", max_tokens=8, temperature=0
+        )
+        return reply.choices[0].text
 
-        want = complete(MODEL_ID)
-        assert complete(TP_ID) == want
+    want = complete(MODEL_ID)
+    assert complete(TP_ID) == want
 
-        engine_pid = _entry(server.base_url)["engine_pid"]
-        ranks = _spawned_children(engine_pid)
-        assert len(ranks) == 1, ranks
-        (rank1,) = ranks
-        streams = [_open_stream(server.base_url, TP_ID) for _ in range(2)]  # mid-stream
-        with ThreadPoolExecutor(len(streams)) as pool:
-            killed_at = time.monotonic()
-            os.kill(rank1, signal.SIGKILL)
-            ends = list(pool.map(lambda s: s[1](killed_at), streams))
-        for outcome, seconds in ends:
-            assert outcome != "done" and seconds < 10, (outcome, seconds)
-        seen, entry = _wait_recovered(server.base_url, engine_pid)
-        assert entry is not None, "the model was dropped:\n" + "".join(server.log)
-        assert _gone(rank1)
-        assert seen & {"poisoned", "recovering", None}, seen
-        assert entry["status"] == "loaded" and entry["engine_pid"] != engine_pid, entry
-        assert complete(TP_ID) == want
-    finally:
-        stop_server(server)
+    engine_pid = _entry(server.base_url)["engine_pid"]
+    ranks = _spawned_children(engine_pid)
+    assert len(ranks) == 1, ranks
+    (rank1,) = ranks
+    streams = [_open_stream(server.base_url, TP_ID) for _ in range(2)]  # mid-stream
+    with ThreadPoolExecutor(len(streams)) as pool:
+        killed_at = time.monotonic()
+        os.kill(rank1, signal.SIGKILL)
+        ends = list(pool.map(lambda s: s[1](killed_at), streams))
+    for outcome, seconds in ends:
+        assert outcome != "done" and seconds < 10, (outcome, seconds)
+    seen, entry = _wait_recovered(server.base_url, engine_pid)
+    assert entry is not None, "the model was dropped:\n" + "".join(server.log)
+    assert _gone(rank1)
+    assert seen & {"poisoned", "recovering", None}, seen
+    assert entry["status"] == "loaded" and entry["engine_pid"] != engine_pid, entry
+    assert complete(TP_ID) == want
 
 
-def test_two_tp_models_at_once_on_one_host(tiny_chat_model):
+def test_two_tp_models_at_once_on_one_host(tp_server, tiny_chat_model):
     """Each engine has its own rank group and rendezvous: both load, both answer (at the same
     time), greedy equal to the TP=1 model."""
-    server = start_server(tiny_chat_model)
+    server = tp_server
     names = (TP_ID, "tiny-tp2-b")
-    try:
-        for name in names:
-            _load_tp(server.base_url, tiny_chat_model, name)
-        want = _complete(server.base_url, MODEL_ID).json()["choices"][0]["text"]
-        with ThreadPoolExecutor(len(names)) as pool:
-            replies = list(pool.map(lambda name: _complete(server.base_url, name), names))
-        for reply in replies:
-            assert reply.status_code == 200, reply.text
-            assert reply.json()["choices"][0]["text"] == want
-        engine_pids = [_entry(server.base_url, name)["engine_pid"] for name in names]
-        assert len(set(engine_pids)) == 2
-        for pid in engine_pids:
-            assert len(_spawned_children(pid)) == 1  # its own rank 1
-            assert len(list(Path(tempfile.gettempdir()).glob(f"axon-tp-{pid}-*"))) == 1
-    finally:
-        stop_server(server)
+    for name in names:
+        _load_tp(server.base_url, tiny_chat_model, name)
+    want = _complete(server.base_url, MODEL_ID).json()["choices"][0]["text"]
+    with ThreadPoolExecutor(len(names)) as pool:
+        replies = list(pool.map(lambda name: _complete(server.base_url, name), names))
+    for reply in replies:
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["text"] == want
+    engine_pids = [_entry(server.base_url, name)["engine_pid"] for name in names]
+    assert len(set(engine_pids)) == 2
+    for pid in engine_pids:
+        assert len(_spawned_children(pid)) == 1  # its own rank 1
+        assert len(list(Path(tempfile.gettempdir()).glob(f"axon-tp-{pid}-*"))) == 1

@@ -11,6 +11,10 @@
 int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
                            const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
                            float *y, int64_t ldy, int threads);
+/* ggml_q8.c: the same product with each token's activations quantized to 8 bits per block. */
+int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
+                         const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
+                         float *y, int64_t ldy, int threads);
 void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo,
                    int64_t rows, int64_t dim, float eps, int unit_offset);
 void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
@@ -26,9 +30,10 @@ void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cac
 void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
                       int kind);
 
-/* A projection: up to 3 GGML (or float32) weights side by side in the output. */
+/* A projection: up to 3 GGML (or float32) weights side by side in the output; int8: 8-bit
+ * activations (ggml_q8.c), as the layer's GGMLWeights chose (activation_precision="int8"). */
 typedef struct {
-    int32_t parts, parallel;
+    int32_t parts, parallel, int8;
     int32_t types[3];
     const uint8_t *weights[3];
     int64_t rows[3];
@@ -51,8 +56,13 @@ typedef struct {
 
 static int project(const Projection *p, const float *x, int64_t tokens, int64_t cols, float *y,
                    int64_t ldy, int threads) {
+    /* As GGMLWeights.matmul at decode sizes: a small weight runs on one thread. */
+    const int use = p->parallel ? threads : 1;
+    if (p->int8)
+        return axon_q8_matmul_parts(p->parts, p->types, p->weights, p->rows, cols, x, tokens, y,
+                                    ldy, use);
     return axon_ggml_matmul_parts(p->parts, p->types, p->weights, p->rows, cols, x, tokens, y,
-                                  ldy, p->parallel ? threads : 1);
+                                  ldy, use);
 }
 
 /* hidden += norm(y) (norm may be NULL: hidden += y), rows of `dim`. */
@@ -72,8 +82,8 @@ int64_t axon_decode_layer_scratch(const Layer *l, int64_t tokens, int64_t width,
 /* hidden [tokens, hidden] += the layer's attention (its first half), in place, for `tokens`
  * decode queries (one per sequence): positions, cache slots of the new keys, each query's key
  * slots [tokens, width] and context lengths. The MLP projections of `l` are not read: a sparse
- * (mixture-of-experts) layer runs its MLP half in cpu_moe.c. Returns 0, or -1 when a matmul
- * rejects its weights. */
+ * (mixture-of-experts) layer runs its MLP half in cpu_moe.c. Returns 0, or a matmul's failure:
+ * -1 when it rejects its weights, -2 out of memory (the 8-bit kernel's buffers). */
 int axon_decode_attention(const Layer *l, float *hidden, int64_t tokens, const int64_t *positions,
                           const int64_t *slot_mapping, const int64_t *key_slots, int64_t width,
                           const int64_t *lens, float *scratch, int threads) {
@@ -82,9 +92,10 @@ int axon_decode_attention(const Layer *l, float *hidden, int64_t tokens, const i
     float *x = scratch, *qkv = x + tokens * dim, *attn = qkv + tokens * qkv_width;
     float *y = attn + tokens * q_width, *gate_up = y + tokens * dim;
     float *act = gate_up + tokens * 2 * l->inter, *scores = act + tokens * l->inter;
+    int status;
 
     axon_rms_norm(hidden, dim, l->input_norm, x, dim, tokens, dim, l->eps, l->unit_offset);
-    if (project(&l->qkv, x, tokens, dim, qkv, qkv_width, threads)) return -1;
+    if ((status = project(&l->qkv, x, tokens, dim, qkv, qkv_width, threads))) return status;
     if (l->qkv_bias)
         for (int64_t t = 0; t < tokens; t++)
             for (int64_t i = 0; i < qkv_width; i++) qkv[t * qkv_width + i] += l->qkv_bias[i];
@@ -103,27 +114,28 @@ int axon_decode_attention(const Layer *l, float *hidden, int64_t tokens, const i
     axon_paged_decode_attention(q, qkv_width, l->k_cache, l->v_cache, key_slots, width, lens,
                                 tokens, l->heads, l->kv_heads, D, l->scale, l->softcap,
                                 l->window, attn, scores, work >= (1 << 18) ? threads : 1);
-    if (project(&l->o, attn, tokens, q_width, y, dim, threads)) return -1;
+    if ((status = project(&l->o, attn, tokens, q_width, y, dim, threads))) return status;
     residual_add(hidden, y, l->attn_out_norm, tokens, dim, l->eps, l->unit_offset);
     return 0;
 }
 
 /* hidden [tokens, hidden] <- the layer's output, in place, for `tokens` decode queries (as
- * axon_decode_attention). Returns 0, or -1 when a matmul rejects its weights. */
+ * axon_decode_attention). Returns 0, or a matmul's failure as axon_decode_attention. */
 int axon_decode_layer(const Layer *l, float *hidden, int64_t tokens, const int64_t *positions,
                       const int64_t *slot_mapping, const int64_t *key_slots, int64_t width,
                       const int64_t *lens, float *scratch, int threads) {
-    if (axon_decode_attention(l, hidden, tokens, positions, slot_mapping, key_slots, width, lens,
-                              scratch, threads))
-        return -1;
+    int status = axon_decode_attention(l, hidden, tokens, positions, slot_mapping, key_slots,
+                                       width, lens, scratch, threads);
+    if (status) return status;
     const int64_t dim = l->hidden, q_width = l->heads * l->head_dim;
     const int64_t qkv_width = q_width + 2 * l->kv_heads * l->head_dim;
     float *x = scratch, *y = x + tokens * dim + tokens * qkv_width + tokens * q_width;
     float *gate_up = y + tokens * dim, *act = gate_up + tokens * 2 * l->inter;
     axon_rms_norm(hidden, dim, l->mlp_in_norm, x, dim, tokens, dim, l->eps, l->unit_offset);
-    if (project(&l->gate_up, x, tokens, dim, gate_up, 2 * l->inter, threads)) return -1;
+    status = project(&l->gate_up, x, tokens, dim, gate_up, 2 * l->inter, threads);
+    if (status) return status;
     axon_act_and_mul(gate_up, 2 * l->inter, act, tokens, l->inter, l->activation);
-    if (project(&l->down, act, tokens, l->inter, y, dim, threads)) return -1;
+    if ((status = project(&l->down, act, tokens, l->inter, y, dim, threads))) return status;
     residual_add(hidden, y, l->mlp_out_norm, tokens, dim, l->eps, l->unit_offset);
     return 0;
 }

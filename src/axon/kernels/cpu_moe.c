@@ -1,9 +1,10 @@
 /* The routed experts of one mixture-of-experts layer for a few tokens (decode) in one call: the
  * grouping by expert, each chosen expert's gate/up and down products (ggml_cpu.c, in place on the
- * GGML blocks or on float32 rows), the gated activation (cpu_ops.c) and the weighted sum. At
- * batch 1 the same work done from Python costs ~10 torch ops per chosen expert, as much time as
- * reading the expert's weights. The PyTorch reference twin is `fused_moe` (layers/fused_moe.py):
- * the same products in the same expert order, summed per token in choice order.
+ * GGML blocks or on float32 rows; ggml_q8.c with opt-in 8-bit activations), the gated activation
+ * (cpu_ops.c) and the weighted sum. At batch 1 the same work done from Python costs ~10 torch
+ * ops per chosen expert, as much time as reading the expert's weights. The PyTorch reference
+ * twin is `fused_moe` (layers/fused_moe.py): the same products in the same expert order, summed
+ * per token in choice order.
  *
  * All of it runs in one OpenMP parallel region: the row quads of every chosen expert's gate and
  * up are split evenly across the threads, then (after a barrier) those of the downs. One region
@@ -17,9 +18,16 @@
 #include <omp.h>
 #endif
 
+typedef int (*Matmul)(int parts, const int *types, const uint8_t *const *ws, const int64_t *rows,
+                      int64_t cols, const float *x, int64_t tokens, float *y, int64_t ldy,
+                      int threads);
 int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
                            const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
                            float *y, int64_t ldy, int threads);
+/* ggml_q8.c: the same product with each token's activations quantized to 8 bits per block. */
+int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
+                         const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
+                         float *y, int64_t ldy, int threads);
 void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
                       int kind);
 void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo,
@@ -28,11 +36,12 @@ void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int6
 #define MAX_TOKENS 64 /* of one matmul call: a token chooses an expert at most once */
 
 /* Every expert's three weights, fixed for the model's lifetime (mirrored by ctypes in
- * kernels/cpu_moe.py: keep the field order). Expert e's gate is gate[e], in format types[0]. */
+ * kernels/cpu_moe.py: keep the field order). Expert e's gate is gate[e], in format types[0].
+ * int8: the products take 8-bit activations (ggml_q8.c, activation_precision="int8"). */
 typedef struct {
     int64_t experts, hidden, inter;
     int32_t types[3]; /* gate, up, down */
-    int32_t activation, threads;
+    int32_t activation, threads, int8;
     const uint8_t *const *gate;
     const uint8_t *const *up;
     const uint8_t *const *down;
@@ -47,11 +56,12 @@ typedef struct {
 } Router;
 
 /* One kind of product of a phase: expert e's weight is w[e] (types, rows [rows, cols]), its
- * output goes to columns column .. column + rows - 1 of y. */
+ * output goes to columns column .. column + rows - 1 of y, computed by `matmul`. */
 typedef struct {
     const uint8_t *const *w;
     int type;
     int64_t rows, row_bytes, column;
+    Matmul matmul;
 } Part;
 
 static int64_t quads_of(const Part *p) { return (p->rows + 3) / 4; }
@@ -76,8 +86,10 @@ static int phase(const Part *parts, int count_parts, const int64_t *chosen, int6
         const int64_t end = 4 * (within + take) < p->rows ? 4 * (within + take) : p->rows;
         const int64_t rows = end - begin;
         const uint8_t *w = p->w[e] + begin * p->row_bytes;
-        status |= axon_ggml_matmul_parts(1, &p->type, &w, &rows, cols, x + first * cols, n,
-                                         y + first * ldy + p->column + begin, ldy, 1);
+        /* int8: each call quantizes its n tokens again; that is cols values a token, cheap
+         * next to reading rows x cols weights, and each token's codes are the same every time. */
+        status |= p->matmul(1, &p->type, &w, &rows, cols, x + first * cols, n,
+                            y + first * ldy + p->column + begin, ldy, 1);
         q += take;
     }
     return status;
@@ -123,9 +135,10 @@ int axon_moe_experts(const Experts *m, const float *x, int64_t tokens, const int
     float *ys = h + slots * inter;
     for (int64_t i = 0; i < slots; i++)
         memcpy(xs + i * hidden, x + order[i] / top_k * hidden, hidden * sizeof(float));
-    const Part gate_up[2] = {{m->gate, m->types[0], inter, m->row_bytes[0], 0},
-                             {m->up, m->types[1], inter, m->row_bytes[1], inter}};
-    const Part down = {m->down, m->types[2], hidden, m->row_bytes[2], 0};
+    const Matmul matmul = m->int8 ? axon_q8_matmul_parts : axon_ggml_matmul_parts;
+    const Part gate_up[2] = {{m->gate, m->types[0], inter, m->row_bytes[0], 0, matmul},
+                             {m->up, m->types[1], inter, m->row_bytes[1], inter, matmul}};
+    const Part down = {m->down, m->types[2], hidden, m->row_bytes[2], 0, matmul};
     int failed = 0;
 #pragma omp parallel num_threads(m->threads) if (m->threads > 1)
     {

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from axon.kernels import build, ggml_cpu
+from axon.kernels import build, ggml_cpu, ggml_q8
 from axon.kernels.cpu_ops import ACTIVATIONS
 
 MAX_TOKENS = ggml_cpu.MAX_TOKENS  # per call; a longer batch (prefill) takes the PyTorch path
@@ -28,6 +28,7 @@ class _Experts(ctypes.Structure):
         ("types", ctypes.c_int32 * 3),
         ("activation", ctypes.c_int32),
         ("threads", ctypes.c_int32),
+        ("int8", ctypes.c_int32),
         ("gate", _PTRS),
         ("up", _PTRS),
         ("down", _PTRS),
@@ -62,12 +63,15 @@ def _library() -> ctypes.CDLL | None:
 class ExpertWeights:
     """Every expert's weights: `parts[name]` for name in ("gate", "up", "down") is a list of
     (ggml type, tensor holding expert e's weight [N, K] rows, contiguous) per expert. Keeps the
-    tensors alive. `hidden` and `inter` are the widths; `activation` a key of ACTIVATIONS."""
+    tensors alive. `hidden` and `inter` are the widths; `activation` a key of ACTIVATIONS. With
+    int8 (and formats kernels/ggml_q8.py has) the products take 8-bit activations (`self.int8`),
+    at every step size."""
 
     def __init__(self, parts: dict[str, list[tuple[int, torch.Tensor]]], hidden: int, inter: int,
-                 activation: str):  # fmt: skip
+                 activation: str, int8: bool = False):  # fmt: skip
         self.parts = parts
         gate, up, down = (parts[name] for name in ("gate", "up", "down"))
+        self.int8 = int8 and ggml_q8.supports(p[0][0] for p in (gate, up, down))
         self._arrays = [
             (ctypes.c_void_p * len(p))(*(t.data_ptr() for _, t in p)) for p in (gate, up, down)
         ]
@@ -76,7 +80,8 @@ class ExpertWeights:
         ]
         self._struct = _Experts(
             len(gate), hidden, inter, (ctypes.c_int32 * 3)(gate[0][0], up[0][0], down[0][0]),
-            ACTIVATIONS[activation], 1, *(ctypes.cast(a, _PTRS) for a in self._arrays),
+            ACTIVATIONS[activation], 1, int(self.int8),
+            *(ctypes.cast(a, _PTRS) for a in self._arrays),
             (ctypes.c_int64 * 3)(*row_bytes),
         )  # fmt: skip
         # One parallel region covers a step's chosen experts: worth it once one expert's bytes

@@ -76,7 +76,9 @@ def ggml_dequant(raw: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
 class GGMLWeights:
     """One or more GGML weights over the same input (a fused projection kept as its GGUF parts,
     e.g. q, k, v), with the C call's arguments prepared once: `matmul(x)` is
-    `x @ cat([dequantize(W_p)]).T` in one call, parts side by side in the output."""
+    `x @ cat([dequantize(W_p)]).T` in one call, parts side by side in the output. Built with
+    int8=True (and types kernels/ggml_q8.py has), every matmul, batch-1 decode included,
+    quantizes the activations to 8 bits instead (`self.int8`)."""
 
     def __init__(self, parts: list[tuple[int, torch.Tensor]], cols: int, int8: bool = False):
         self.parts = parts  # (ggml_type, raw [rows, row_bytes]); keeps the bytes alive
@@ -88,7 +90,8 @@ class GGMLWeights:
         self._rows = (ctypes.c_int64 * count)(*(raw.shape[0] for _, raw in parts))
         size = sum(raw.numel() for _, raw in parts)
         self.parallel = size >= PARALLEL_MIN_BYTES
-        # Opt-in 8-bit activations for batches of 2+ tokens (kernels/ggml_q8.py); not F32.
+        # Opt-in 8-bit activations, every step size (kernels/ggml_q8.py); F32 weights keep the
+        # float path.
         self.int8 = int8 and ggml_q8.supports(t for t, _ in parts)
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -101,7 +104,7 @@ class GGMLWeights:
             out = torch.empty(tokens, self.rows, dtype=torch.float32)
         elif out.stride(1) != 1 or out.dtype != torch.float32:
             raise ValueError("ggml_matmul: out must be float32 with contiguous rows")
-        if self.int8 and tokens > 1:
+        if self.int8:
             return ggml_q8.matmul(self, x, out)
         threads = torch.get_num_threads() if self.parallel else 1
         kernel = _library().axon_ggml_matmul_parts

@@ -1,7 +1,7 @@
-/* GGML weights times 8-bit activations (opt-in, batched steps): y = x @ W.T where each token's
- * x is first quantized on its own, as llama.cpp does, and the products are integer dot products
- * of the weights' codes with the activations' int8 values. Built with the other C kernels into
- * one library (build.py); called by ggml_q8.py.
+/* GGML weights times 8-bit activations (opt-in): y = x @ W.T where each token's x is first
+ * quantized on its own, as llama.cpp does, and the products are integer dot products of the
+ * weights' codes with the activations' int8 values. Built with the other C kernels into one
+ * library (build.py); called by ggml_q8.py.
  *
  * Activations, per token, per block:
  *   - Q8_K for the K-quants (Q4_K, Q5_K, Q6_K): 256 values, a float scale d = max|x| / 127,
@@ -10,34 +10,60 @@
  *     float scale and rounding, and s = d * sum(values) for the formats with a bias.
  * (llama.cpp stores the Q8_0 / Q8_1 scales in fp16; here they stay float32.)
  *
- * Weights: each block is decoded once per call into unsigned codes (Q8_0: its signed codes),
- * integer sub-scales and float scales, for a group of GROUP rows at a time; every token of the
- * call is then multiplied with those rows, TILE tokens per call of the dot product (the codes and
- * sub-scales loaded once for all of them). Threads take groups of rows (dynamically). Per block
- * of one row and one token:
- *   K-quants: d_w * d_x * sum_j(sc_j * sum(code * q)) - dmin_w * d_x * sum_i(mn_i * bsum_i),
- *             where for Q6_K (codes 0..63 for -32..31) mn = sc per 16 and dmin = 32 * d;
- *   legacy:   d_w * d_x * sum(code * q) + bias_w * s_x, bias = m (Q4_1, Q5_1), -8 d (Q4_0),
- *             -16 d (Q5_0), none (Q8_0).
- * The integer sums are exact. One compiled function (noinline) computes every (row, token)
- * result over the row's blocks in order, so a token's result is the same bits whatever the
- * rest of the batch, the group or the thread it lands in.
+ * Weights: a panel of 8 rows is decoded per call into unsigned codes (Q8_0: signed) laid out
+ * 4 values x 8 rows per 32 bytes, so one 256-bit vector holds 4 consecutive codes of each of
+ * the 8 rows and one 32-bit broadcast of a token's 4 int8 values multiplies all of them
+ * (VNNI dpbusd: 8 rows' 4-term dot products in one instruction; AVX2: maddubs + madd). A tile
+ * is 2 panels (16 rows) x up to 6 tokens: every loaded weight vector serves 6 tokens, every
+ * broadcast 16 rows. Threads take units of 16 rows (dynamically). One token skips the panels:
+ * 8 rows at a time straight from the blocks (gemv_k, gemv_32), the same float steps; rows of
+ * up to 3072 (K-quants) or 1024 (legacy) values are read one after the other (*_rows).
+ *
+ * Per block of one row and one token, with exact integer sums isum and msum:
+ *   K-quants: acc = fma(isum, d_w d_x, acc); acc = fma(-msum, dmin_w d_x, acc), where
+ *             isum = sum_j(sc_j * sum(code * q)), msum = sum_i(mn_i * bsum_i), and for Q6_K
+ *             (codes 0..63 for -32..31) mn = sc per 16 and dmin = 32 * d;
+ *   legacy:   acc = fma(isum, d_w d_x, acc); acc = fma(bias_w, s_x, acc), bias = m (Q4_1,
+ *             Q5_1), -8 d (Q4_0), -16 d (Q5_0), none (Q8_0).
+ * The blocks go in order and each row and token has its own float lane, so a result is the
+ * same bits in every tile shape, alone or in any batch, on every thread, and in the VNNI,
+ * AVX2 and portable builds (the integer sums are exact; the float steps are the same IEEE
+ * operations, fused where written fma and nowhere else).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #ifdef __AVX2__
 #include <immintrin.h>
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define Q8_VNNI 1
 #endif
 
 enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
-#define GROUP 8 /* rows decoded together: their codes stay in L1 / L2 for every token */
+#define PANEL 8 /* rows per panel: one per 32-bit lane of a 256-bit vector */
+#define UNIT 2  /* panels per unit of work: a broadcast activation serves 16 rows */
+#define GEMV_ROWS 32 /* rows per unit of work for one token: an octet alone is ~0.3 us */
+/* One token, rows of at most this many blocks are read one after the other, not 8 side by
+ * side: 8 short interleaved streams (a 1024-wide Q8_0 row is 1088 bytes) left the hardware
+ * prefetcher retraining on every row, ~9.5 GB/s from memory against 15 for one row at a time. */
+#ifndef SEQ_BLOCKS_K
+#define SEQ_BLOCKS_K 12 /* K-quants: up to 3072 wide (4096: 8 side by side were faster) */
+#endif
+#ifndef SEQ_BLOCKS_32
+#define SEQ_BLOCKS_32 32 /* legacy formats: up to 1024 wide (2048: no faster than 8 side by side) */
+#endif
+#ifndef SEQ_PREFETCH
+#define SEQ_PREFETCH 4096 /* bytes ahead of the walk, a straight line through the rows */
+#endif
+#ifndef SEQ_PREFETCH_32
+#define SEQ_PREFETCH_32 0 /* legacy: none (a prefetch per 18-34 byte block cost Q8_0 ~15 %) */
+#endif
+#define TILE 6  /* tokens per tile: a loaded weight vector serves 6 tokens (4: Q8_0 ran ~1/3 slower) */
 #define NOINLINE static __attribute__((noinline))
+#define INLINE static inline __attribute__((always_inline))
 
 static float f16(const uint8_t *p) {
     _Float16 h;
@@ -71,8 +97,54 @@ static int q8_bytes(int type) {
 
 int axon_q8_supported(int type) { return q8_block(type) != 0; }
 
+static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
+
+/* A buffer kept per thread between calls: a prefill step's activations are megabytes (malloc
+ * would map and unmap them, page faults every call) and batch-1 decode calls once per layer. */
+typedef struct {
+    void *p;
+    size_t size;
+} Scratch;
+
+static void *scratch_get(Scratch *s, size_t size) {
+    if (s->size >= size) return s->p;
+    free(s->p);
+    s->size = up64(size);
+    s->p = aligned_alloc(64, s->size);
+    if (!s->p) s->size = 0;
+    return s->p;
+}
+
+static __thread Scratch acts_scratch, panel_scratch;
+
 /* ---- activations ------------------------------------------------------------------------ */
 
+typedef struct {
+    int8_t *q;      /* [tokens][cols] */
+    uint8_t *qu;    /* legacy: [tokens][cols] q + 128, what VNNI multiplies Q8_0's signed codes by */
+    float *d;       /* [tokens][cols / B] block scales */
+    int16_t *bsums; /* Q8_K: [tokens][cols / 16] sums of q over each 16 */
+    int16_t *b32;   /* Q8_K: [tokens][cols / 32] sums of q over each 32 (Q4_K / Q5_K's mins) */
+    float *s;       /* Q8_1: [tokens][cols / 32] d * sum(q) */
+} Acts;
+
+static size_t acts_bytes(int k_quants, int64_t tokens, int64_t cols) {
+    const size_t n = (size_t)(tokens * cols), blocks = n / (k_quants ? 256 : 32);
+    return up64(n) + up64(4 * blocks) + (k_quants ? up64(n / 8) + up64(n / 16) : up64(n) + up64(4 * blocks));
+}
+
+/* Points acts' arrays into base (acts_bytes of room). */
+static void acts_place(Acts *a, char *base, int k_quants, int64_t tokens, int64_t cols) {
+    const size_t n = (size_t)(tokens * cols), blocks = n / (k_quants ? 256 : 32);
+    a->q = (int8_t *)base, base += up64(n);
+    a->d = (float *)base, base += up64(4 * blocks);
+    a->bsums = k_quants ? (int16_t *)base : NULL;
+    a->b32 = k_quants ? (int16_t *)(base + up64(n / 8)) : NULL;
+    a->qu = k_quants ? NULL : (uint8_t *)base;
+    a->s = k_quants ? NULL : (float *)(base + up64(n));
+}
+
+#ifndef __AVX2__
 /* n values of x -> int8 q; returns the scale d (max|x| / 127, 0 for a zero block). */
 static float quantize_block(const float *x, int n, int8_t *q) {
     float amax = 0.0f;
@@ -81,52 +153,130 @@ static float quantize_block(const float *x, int n, int8_t *q) {
     for (int i = 0; i < n; i++) q[i] = (int8_t)nearbyintf(x[i] * id);
     return d;
 }
+#endif
 
-typedef struct {
-    int8_t *q;      /* [tokens][cols] */
-    float *d;       /* [tokens][cols / B] block scales */
-    int16_t *bsums; /* Q8_K: [tokens][cols / 16] sums of q over each 16 */
-    float *s;       /* Q8_1: [tokens][cols / 32] d * sum(q) */
-} Acts;
+#ifdef __AVX2__
+/* max |x| over n values (a multiple of 8): the same value as quantize_block's loop. */
+static float amax_of(const float *x, int n) {
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
 
-static void quantize_token_k(const float *x, int64_t cols, int8_t *q, float *d, int16_t *bsums) {
+/* 32 values of x times id as int8, rounded in the current mode (to even) as nearbyintf. */
+static inline __m256i round32(const float *x, __m256 id) {
+    __m256i v[4];
+    for (int i = 0; i < 4; i++) v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), id));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* The sums of q's first 16 and last 16 values. */
+static inline void sums16(__m256i q, int *first, int *second) {
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s, s), _mm256_hadd_epi32(s, s));
+    *first = _mm256_cvtsi256_si32(h), *second = _mm256_extract_epi32(h, 4);
+}
+#endif
+
+/* Q8_K (the vector loop: per call, a long prefill's quantization showed at ~10 %). */
+static void quantize_token_k(const float *x, int64_t cols, int8_t *q, float *d, int16_t *bsums,
+                             int16_t *b32) {
     for (int64_t k = 0; k < cols / 256; k++) {
+#ifdef __AVX2__
+        d[k] = amax_of(x + 256 * k, 256) / 127.0f;
+        const __m256 id = _mm256_set1_ps(d[k] > 0.0f ? 1.0f / d[k] : 0.0f);
+        for (int j = 0; j < 8; j++) {
+            const __m256i v = round32(x + 256 * k + 32 * j, id);
+            _mm256_storeu_si256((__m256i *)(q + 256 * k + 32 * j), v);
+            int first, second;
+            sums16(v, &first, &second);
+            bsums[16 * k + 2 * j] = (int16_t)first, bsums[16 * k + 2 * j + 1] = (int16_t)second;
+            if (b32) b32[8 * k + j] = (int16_t)(first + second);
+        }
+#else
         d[k] = quantize_block(x + 256 * k, 256, q + 256 * k);
         for (int i = 0; i < 16; i++) {
             int sum = 0;
             for (int j = 0; j < 16; j++) sum += q[256 * k + 16 * i + j];
             bsums[16 * k + i] = (int16_t)sum;
         }
+        for (int j = 0; j < 8 && b32; j++) b32[8 * k + j] = (int16_t)(bsums[16 * k + 2 * j] + bsums[16 * k + 2 * j + 1]);
+#endif
     }
 }
 
-static void quantize_token_32(const float *x, int64_t cols, int8_t *q, float *d, float *s) {
+/* Q8_0 / Q8_1, and qu = q + 128 when asked (NULL: not). */
+static void quantize_token_32(const float *x, int64_t cols, int8_t *q, float *d, float *s,
+                              uint8_t *qu) {
     for (int64_t k = 0; k < cols / 32; k++) {
-        d[k] = quantize_block(x + 32 * k, 32, q + 32 * k);
         int sum = 0;
+#ifdef __AVX2__
+        d[k] = amax_of(x + 32 * k, 32) / 127.0f;
+        const __m256i v = round32(x + 32 * k, _mm256_set1_ps(d[k] > 0.0f ? 1.0f / d[k] : 0.0f));
+        _mm256_storeu_si256((__m256i *)(q + 32 * k), v);
+        if (qu) _mm256_storeu_si256((__m256i *)(qu + 32 * k), _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
+        int first, second;
+        sums16(v, &first, &second);
+        sum = first + second;
+#else
+        d[k] = quantize_block(x + 32 * k, 32, q + 32 * k);
         for (int j = 0; j < 32; j++) sum += q[32 * k + j];
+        for (int j = 0; j < 32 && qu; j++) qu[32 * k + j] = (uint8_t)(q[32 * k + j] ^ 0x80);
+#endif
         s[k] = d[k] * (float)sum;
     }
 }
 
-/* ---- decoded weight rows ---------------------------------------------------------------- */
+/* Quantize every token for the activation formats the parts need. On the calling thread,
+ * before the parallel region: it costs ~1 % of the products, and a barrier after it cost a
+ * scheduler quantum whenever a thread was descheduled on a shared machine. */
+static void quantize_tokens(const float *x, int64_t tokens, int64_t cols, Acts *k_acts,
+                            Acts *acts32) {
+    for (int64_t t = 0; t < tokens; t++) {
+        if (k_acts->q)
+            quantize_token_k(x + t * cols, cols, k_acts->q + t * cols, k_acts->d + t * (cols / 256),
+                             k_acts->bsums + t * (cols / 16), k_acts->b32 + t * (cols / 32));
+        if (acts32->q)
+            quantize_token_32(x + t * cols, cols, acts32->q + t * cols, acts32->d + t * (cols / 32),
+                              acts32->s + t * (cols / 32), acts32->qu + t * cols);
+    }
+}
+
+/* ---- panels: 8 decoded rows --------------------------------------------------------------- */
 
 typedef struct {
-    uint8_t *codes;  /* [GROUP][cols] unsigned codes (Q8_0: int8) */
-    int16_t *scales; /* K: [GROUP][blocks][8][16] multipliers of sub-block j's pair sums */
-    int16_t *mins;   /* K: [GROUP][blocks][16] multipliers of the 16 bsums */
-    float *d;        /* [GROUP][blocks] */
-    float *dmin;     /* [GROUP][blocks] K: dmin (Q6_K: 32 d); legacy: the bias per block */
-} Rows;
+    uint8_t *codes;  /* [blocks][B / 4 chunks][8 rows][4]: chunk c is values 4c..4c+3 */
+    int32_t *scales; /* K: [blocks][subs][8] multiplier of sub-block j (Q4/5_K 32 values, Q6_K 16) */
+    int32_t *mins;   /* K: [blocks][8][8] int16 pairs, the multipliers of sums 2i and 2i + 1:
+                      * Q4_K / Q5_K the 4 pairs of mins per 32, Q6_K 8 pairs of scales per 16 */
+    float *d;        /* [blocks][8] */
+    float *dmin;     /* [blocks][8] K: dmin (Q6_K: 32 d); legacy: the bias */
+    int32_t *w128;   /* Q8_0: [blocks][8] 128 * sum(codes), VNNI's offset of q + 128 */
+} Panel;
 
-/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (llama.cpp's get_scale_min_k4). */
-static void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63, *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
+/* 8 rows of cols: codes 8 cols, scales 2 cols, mins, d, dmin, w128 cols each (at most). */
+static size_t panel_bytes(int64_t cols) { return 14 * (size_t)cols + 6 * 64; }
+
+static void panel_place(Panel *p, char *base, int64_t cols) {
+    p->codes = (uint8_t *)base, base += up64(8 * (size_t)cols);
+    p->scales = (int32_t *)base, base += up64(2 * (size_t)cols);
+    p->mins = (int32_t *)base, base += up64((size_t)cols);
+    p->d = (float *)base, base += up64((size_t)cols);
+    p->dmin = (float *)base, base += up64((size_t)cols);
+    p->w128 = (int32_t *)base;
+}
+
+/* Q4_K / Q5_K's 12 bytes of 6-bit scales and mins (at b + 4) as 16 bytes: the 8 sub-block
+ * scales, then the 8 mins (llama.cpp's unpacking, word-wide: a dozen operations). */
+static void k45_scales_mins(const uint8_t *b, uint32_t u[4]) {
+    memcpy(u, b + 4, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303, mins_lo = u[1] & m6;
+    u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+    u[2] = mins_lo, u[0] &= m6;
 }
 
 /* The 256 codes of a K-quant block, unsigned (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63). */
@@ -178,319 +328,718 @@ static void k_codes(int type, const uint8_t *b, uint8_t *codes) {
 #endif
 }
 
-/* A K-quant block: codes, the per-sub-block multipliers, the bsum multipliers, d and dmin. */
-static void decode_k(int type, const uint8_t *b, uint8_t *codes, int16_t *scales, int16_t *mins,
-                     float *d, float *dmin) {
-    k_codes(type, b, codes);
-    if (type == Q6_K) {
-        const int8_t *sc = (const int8_t *)(b + 192);
-        for (int j = 0; j < 8; j++)
-            for (int i = 0; i < 16; i++) scales[16 * j + i] = sc[2 * j + i / 8];
-        for (int i = 0; i < 16; i++) mins[i] = sc[i];
-        *d = f16(b + 208);
-        *dmin = 32.0f * *d; /* codes carry +32: subtract 32 * sc * bsum */
-        return;
-    }
-    for (int j = 0; j < 8; j++) {
-        int sc, mn;
-        k_scale_min(b + 4, j, &sc, &mn);
-        for (int i = 0; i < 16; i++) scales[16 * j + i] = (int16_t)sc;
-        mins[2 * j] = mins[2 * j + 1] = (int16_t)mn;
-    }
-    *d = f16(b), *dmin = f16(b + 2);
+/* A legacy block's scale d and bias per block (none for Q8_0). */
+static float legacy_bias(int type, const uint8_t *b, float d) {
+    return type == Q8_0 ? 0.0f : type == Q4_1 || type == Q5_1 ? f16(b + 2) : type == Q4_0 ? -8.0f * d : -16.0f * d;
 }
 
-/* A legacy block: 32 codes (unsigned; Q8_0 signed), d, and the bias per block. */
-static void decode_32(int type, const uint8_t *b, uint8_t *codes, float *d, float *bias) {
-    *d = f16(b);
-    if (type == Q8_0) {
-        memcpy(codes, b + 2, 32);
-        *bias = 0.0f;
-        return;
-    }
-    const int qs = type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
-    uint32_t qh = 0;
-    if (type == Q5_0 || type == Q5_1) memcpy(&qh, b + qs - 4, 4);
 #ifdef __AVX2__
+/* A legacy block's 32 codes (unsigned; Q8_0 signed). */
+static inline __m256i codes_32(int type, const uint8_t *b) {
+    if (type == Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
+    const int qs = type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
     /* Low nibbles are codes 0-15, high nibbles 16-31; bit i of qh is code i's fifth bit. */
     const __m128i bytes = _mm_loadu_si128((const __m128i *)(b + qs)), low4 = _mm_set1_epi8(0x0F);
-    __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4),
-                                 _mm_and_si128(bytes, low4));
+    const __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4),
+                                       _mm_and_si128(bytes, low4));
+    if (type != Q5_0 && type != Q5_1) return c;
+    uint32_t qh;
+    memcpy(&qh, b + qs - 4, 4);
     const __m256i which = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
                                             0x0101010101010101, 0x0000000000000000);
     const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201);
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)qh), which);
     const __m256i fifth = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    c = _mm256_or_si256(c, _mm256_and_si256(fifth, _mm256_set1_epi8(16)));
-    _mm256_storeu_si256((__m256i *)codes, c);
+    return _mm256_or_si256(c, _mm256_and_si256(fifth, _mm256_set1_epi8(16)));
+}
+#endif
+
+/* A legacy block: 32 codes (unsigned; Q8_0 signed), d, and the bias per block. */
+static void decode_32(int type, const uint8_t *b, uint8_t *codes, float *d, float *bias) {
+    *d = f16(b);
+    *bias = legacy_bias(type, b, *d);
+#ifdef __AVX2__
+    _mm256_storeu_si256((__m256i *)codes, codes_32(type, b));
 #else
+    if (type == Q8_0) return (void)memcpy(codes, b + 2, 32);
+    const int qs = type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
+    uint32_t qh = 0;
+    if (type == Q5_0 || type == Q5_1) memcpy(&qh, b + qs - 4, 4);
     for (int i = 0; i < 16; i++) {
         codes[i] = (uint8_t)((b[qs + i] & 0x0F) | (((qh >> i) & 1) << 4));
         codes[i + 16] = (uint8_t)((b[qs + i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
     }
 #endif
-    *bias = type == Q4_1 || type == Q5_1 ? f16(b + 2) : type == Q4_0 ? -8.0f * *d : -16.0f * *d;
 }
 
-/* Row r of the group (blocks of `type` at w) into `rows`. */
-static void decode_row(int type, const uint8_t *w, int64_t blocks, const Rows *rows, int r,
-                       int64_t cols) {
-    const int B = q8_block(type), bytes = q8_bytes(type);
-    for (int64_t k = 0; k < blocks; k++) {
-        const uint8_t *b = w + k * bytes;
-        uint8_t *codes = rows->codes + r * cols + k * B;
-        float *d = rows->d + r * blocks + k, *dmin = rows->dmin + r * blocks + k;
-        if (B == 256)
-            decode_k(type, b, codes, rows->scales + (r * blocks + k) * 128,
-                     rows->mins + (r * blocks + k) * 16, d, dmin);
-        else
-            decode_32(type, b, codes, d, dmin);
+static int32_t int16_pair(int lo, int hi) { return (int32_t)((uint16_t)lo | ((uint32_t)(uint16_t)hi << 16)); }
+
+/* Row r's multipliers of K-quant block k (b): sub-block scales, bsum multipliers, d, dmin. */
+static void k_block_scales(int type, const uint8_t *b, const Panel *p, int64_t k, int r) {
+    if (type == Q6_K) {
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int i = 0; i < 16; i++) p->scales[(16 * k + i) * PANEL + r] = sc[i];
+        for (int i = 0; i < 8; i++) p->mins[(8 * k + i) * PANEL + r] = int16_pair(sc[2 * i], sc[2 * i + 1]);
+        p->d[PANEL * k + r] = f16(b + 208);
+        p->dmin[PANEL * k + r] = 32.0f * f16(b + 208); /* codes carry +32: subtract 32 sc bsum */
+        return;
+    }
+    uint32_t u[4];
+    k45_scales_mins(b, u);
+    const uint8_t *sc = (const uint8_t *)u, *mn = sc + 8;
+    for (int j = 0; j < 8; j++) p->scales[(8 * k + j) * PANEL + r] = sc[j];
+    for (int i = 0; i < 4; i++) p->mins[(8 * k + i) * PANEL + r] = int16_pair(mn[2 * i], mn[2 * i + 1]);
+    p->d[PANEL * k + r] = f16(b), p->dmin[PANEL * k + r] = f16(b + 2);
+}
+
+/* Row r of block k into codes (B values) and the panel's multipliers; a zero row past count. */
+static void decode_block(int type, const uint8_t *b, uint8_t *codes, const Panel *p, int64_t k,
+                         int r) {
+    if (!b) {
+        memset(codes, 0, (size_t)q8_block(type));
+        for (int i = 0; i < 16 && is_k(type); i++) p->scales[(16 * k + i) * PANEL + r] = 0;
+        for (int i = 0; i < 8 && is_k(type); i++) p->mins[(8 * k + i) * PANEL + r] = 0;
+        p->d[PANEL * k + r] = p->dmin[PANEL * k + r] = 0.0f, p->w128[PANEL * k + r] = 0;
+        return;
+    }
+    if (is_k(type)) {
+        k_codes(type, b, codes);
+        k_block_scales(type, b, p, k, r);
+        return;
+    }
+    decode_32(type, b, codes, p->d + PANEL * k + r, p->dmin + PANEL * k + r);
+    int sum = 0;
+    for (int i = 0; i < 32 && type == Q8_0; i++) sum += (int8_t)codes[i];
+    p->w128[PANEL * k + r] = 128 * sum;
+}
+
+/* 8 rows' B codes each -> the panel layout: out chunk c = dword c of every row. */
+static void interleave(const uint8_t (*rows)[256], int B, uint8_t *out) {
+    for (int g = 0; g < B / 32; g++) {
+#ifdef __AVX2__
+        __m256i r[8], t[8], u[8];
+        for (int i = 0; i < 8; i++) r[i] = _mm256_load_si256((const __m256i *)(rows[i] + 32 * g));
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+            t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) { /* u[i + m]: dword m (low lane) and m + 4 of 4 rows */
+            u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+            u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+            u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+            u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+        }
+        for (int m = 0; m < 4; m++) {
+            _mm256_store_si256((__m256i *)(out + 256 * g + 32 * m), _mm256_permute2x128_si256(u[m], u[m + 4], 0x20));
+            _mm256_store_si256((__m256i *)(out + 256 * g + 32 * (m + 4)), _mm256_permute2x128_si256(u[m], u[m + 4], 0x31));
+        }
+#else
+        for (int c = 0; c < 8; c++)
+            for (int i = 0; i < 8; i++) memcpy(out + 256 * g + 32 * c + 4 * i, rows[i] + 32 * g + 4 * c, 4);
+#endif
     }
 }
 
-/* ---- dot products of one row with TT tokens --------------------------------------------- */
+/* Rows [0, count) at w (row_bytes apart) into panel p, rows past count zero. */
+static void decode_panel(int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
+                         const Panel *p) {
+    const int B = q8_block(type), bytes = q8_bytes(type);
+    uint8_t rows[PANEL][256] __attribute__((aligned(64)));
+    for (int64_t k = 0; k < blocks; k++) {
+        for (int r = 0; r < PANEL; r++)
+            decode_block(type, r < count ? w + r * row_bytes + k * bytes : NULL, rows[r], p, k, r);
+        interleave((const uint8_t(*)[256])rows, B, p->codes + k * B * PANEL);
+    }
+}
 
-/* The activations of one token as the dot products read them. */
+/* ---- tiles: 1-2 panels x 1-6 tokens ------------------------------------------------------ */
+
+/* The activations of one token as the tiles read them. */
 typedef struct {
     const int8_t *q;
+    const uint8_t *qu; /* legacy: q + 128 */
     const float *d;
-    const void *sums; /* Q8_K: int16 bsums; Q8_1: float s */
+    const void *sums;   /* Q8_K: int16 bsums; Q8_1: float s */
+    const int16_t *b32; /* Q8_K: sums per 32 */
 } Token;
 
+typedef void (*tile_fn)(const Panel *, int64_t, const Token *, float *, int64_t, const int *);
+
 #ifdef __AVX2__
-static inline float hsum8(__m256 v) {
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+static inline __m256i bcast4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
 }
 
-/* K-quants, one row, TT tokens: per block, d_w d_x isum - dmin_w d_x msum into eight lanes. A
- * token's lanes see the same operations whatever TT: only loads of codes and scales are shared. */
-#define DOT_K(name, TT)                                                                           \
-    NOINLINE void name(const uint8_t *codes, const int16_t *scales, const int16_t *mins,          \
-                       const float *d, const float *dmin, int64_t blocks, const Token *x,         \
-                       float *y, int64_t ldy) {                                                   \
-        __m256 acc[TT];                                                                           \
-        for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();                                \
-        for (int64_t k = 0; k < blocks; k++) {                                                    \
-            __m256i sum[TT];                                                                      \
-            for (int t = 0; t < TT; t++) sum[t] = _mm256_setzero_si256();                         \
-            for (int j = 0; j < 8; j++) {                                                         \
-                const __m256i c = _mm256_load_si256((const __m256i *)(codes + 256 * k + 32 * j)); \
-                const __m256i s = _mm256_load_si256((const __m256i *)(scales + 128 * k + 16 * j)); \
-                for (int t = 0; t < TT; t++) {                                                    \
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(x[t].q + 256 * k + 32 * j)); \
-                    sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(c, v), s)); \
-                }                                                                                 \
-            }                                                                                     \
-            const __m256i mn = _mm256_load_si256((const __m256i *)(mins + 16 * k));               \
-            for (int t = 0; t < TT; t++) {                                                        \
-                const int16_t *bsums = (const int16_t *)x[t].sums + 16 * k;                       \
-                const __m256i m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), mn); \
-                const float dx = x[t].d[k];                                                       \
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[k] * dx), acc[t]); \
-                acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin[k] * dx), acc[t]); \
-            }                                                                                     \
-        }                                                                                         \
-        for (int t = 0; t < TT; t++) y[t * ldy] = hsum8(acc[t]);                                  \
-    }
-
-/* The integer sums of codes * q over eight 32-wide blocks, one block per lane. */
-static inline __m256i block_sums8(const uint8_t *codes, const int8_t *q, int is_signed) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i p[8];
-    for (int b = 0; b < 8; b++) {
-        const __m256i c = _mm256_load_si256((const __m256i *)(codes + 32 * b));
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
-        const __m256i u = is_signed ? _mm256_abs_epi8(c) : c;
-        p[b] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, is_signed ? _mm256_sign_epi8(v, c) : v), ones);
-    }
-    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
-                            _mm256_permute2x128_si256(h0, h1, 0x31));
+/* acc + per lane the sum of 4 products of unsigned codes with signed activations. */
+static inline __m256i dot_u(__m256i acc, __m256i codes, __m256i q) {
+#ifdef Q8_VNNI
+    return _mm256_dpbusd_epi32(acc, codes, q);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, q), _mm256_set1_epi16(1)));
+#endif
 }
 
-/* The integer sum of codes * q over one 32-wide block. */
-static inline int32_t block_sum(const uint8_t *codes, const int8_t *q, int is_signed) {
-    const __m256i c = _mm256_load_si256((const __m256i *)codes);
-    const __m256i v = _mm256_loadu_si256((const __m256i *)q);
-    const __m256i u = is_signed ? _mm256_abs_epi8(c) : c;
-    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, is_signed ? _mm256_sign_epi8(v, c) : v),
-                                        _mm256_set1_epi16(1));
-    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-    const __m128i q2 = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-    return _mm_cvtsi128_si32(_mm_add_epi32(q2, _mm_shuffle_epi32(q2, 1)));
+/* Q8_0's signed codes. VNNI: times the unsigned q + 128 (the caller subtracts 128 sum(codes));
+ * AVX2: the signs moved onto q (maddubs would saturate (q + 128) * code pairs). */
+static inline __m256i dot_s(__m256i acc, __m256i codes, __m256i q) {
+#ifdef Q8_VNNI
+    return _mm256_dpbusd_epi32(acc, q, codes);
+#else
+    const __m256i u = _mm256_abs_epi8(codes), v = _mm256_sign_epi8(q, codes);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
+#endif
 }
 
-/* Legacy formats, one row, TT tokens: eight blocks at a time, lane b holding block b's
- * d_w d_x isum (+ bias_w s_x); blocks past a multiple of eight one by one. */
-#define DOT_32(name, TT, SIGNED, BIASED)                                                          \
-    NOINLINE void name(const uint8_t *codes, const float *d, const float *bias, int64_t blocks,   \
-                       const Token *x, float *y, int64_t ldy) {                                   \
-        for (int t = 0; t < TT; t++) {                                                            \
-            const float *xs = (const float *)x[t].sums;                                           \
-            __m256 acc = _mm256_setzero_ps();                                                     \
-            int64_t k = 0;                                                                        \
-            for (; k + 8 <= blocks; k += 8) {                                                     \
-                const __m256i sums = block_sums8(codes + 32 * k, x[t].q + 32 * k, SIGNED);        \
-                const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(d + k), _mm256_loadu_ps(x[t].d + k)); \
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);                      \
-                if (BIASED) acc = _mm256_fmadd_ps(_mm256_loadu_ps(bias + k), _mm256_loadu_ps(xs + k), acc); \
-            }                                                                                     \
-            float total = hsum8(acc);                                                             \
-            for (; k < blocks; k++) {                                                             \
-                const float isum = (float)block_sum(codes + 32 * k, x[t].q + 32 * k, SIGNED);    \
-                total = fmaf(isum, d[k] * x[t].d[k], total); /* fmaf: the same rounding in */     \
-                if (BIASED) total = fmaf(bias[k], xs[k], total); /* every TT's copy */            \
-            }                                                                                     \
-            y[t * ldy] = total;                                                                   \
-        }                                                                                         \
+/* acc + per lane a dot product of two int16 pairs. */
+static inline __m256i dot_pairs(__m256i acc, __m256i a, __m256i b) {
+#ifdef Q8_VNNI
+    return _mm256_dpwssd_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+/* Lanes [0, count) of v to y (count < 8: the rows past a part's end are not written). */
+static inline void store_rows(__m256 v, float *y, int count) {
+    if (count == PANEL) {
+        _mm256_storeu_ps(y, v);
+        return;
     }
-#else /* portable: one token at a time, the same function for every TT */
-static void dot_k_one(const uint8_t *codes, const int16_t *scales, const int16_t *mins,
-                      const float *d, const float *dmin, int64_t blocks, const Token *x, float *y) {
-    const int16_t *bsums = (const int16_t *)x->sums;
+    float lanes[PANEL];
+    _mm256_storeu_ps(lanes, v);
+    memcpy(y, lanes, sizeof(float) * (size_t)count);
+}
+
+/* The integer sums of K-quant block k, sub-block by sub-block (CS chunks of 4 each). */
+INLINE void k_isums(const Panel *pn, const int NG, const int T, const int CS, int64_t k,
+                    const Token *x, __m256i isum[UNIT][TILE]) {
+    const int subs = 64 / CS;
+    for (int j = 0; j < subs; j++) {
+        __m256i p[UNIT][TILE];
+        for (int g = 0; g < NG; g++)
+            for (int t = 0; t < T; t++) p[g][t] = _mm256_setzero_si256();
+        for (int c = 0; c < CS; c++) {
+            const int64_t chunk = 64 * k + CS * j + c;
+            __m256i w[UNIT];
+            for (int g = 0; g < NG; g++) w[g] = _mm256_load_si256((const __m256i *)(pn[g].codes + 32 * chunk));
+            for (int t = 0; t < T; t++) {
+                const __m256i v = bcast4(x[t].q + 4 * chunk);
+                for (int g = 0; g < NG; g++) p[g][t] = dot_u(p[g][t], w[g], v);
+            }
+        }
+        for (int g = 0; g < NG; g++) {
+            const __m256i sc = _mm256_load_si256((const __m256i *)(pn[g].scales + (subs * k + j) * PANEL));
+            for (int t = 0; t < T; t++) isum[g][t] = _mm256_add_epi32(isum[g][t], _mm256_mullo_epi32(p[g][t], sc));
+        }
+    }
+}
+
+/* K-quants: NG panels x T tokens, every block (CS: chunks per sub-block, 8 or Q6_K's 4). */
+INLINE void tile_k(const Panel *pn, const int NG, const int T, const int CS, int64_t blocks,
+                   const Token *x, float *y, int64_t ldy, const int *count) {
+    __m256 acc[UNIT][TILE];
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < T; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        __m256i isum[UNIT][TILE];
+        for (int g = 0; g < NG; g++)
+            for (int t = 0; t < T; t++) isum[g][t] = _mm256_setzero_si256();
+        k_isums(pn, NG, T, CS, k, x, isum);
+        for (int t = 0; t < T; t++) {
+            /* Q4_K / Q5_K: mins per 32 times sums per 32; Q6_K: scales per 16 times sums per 16 */
+            const int16_t *sums = CS == 8 ? x[t].b32 + 8 * k : (const int16_t *)x[t].sums + 16 * k;
+            const __m256 dx = _mm256_set1_ps(x[t].d[k]);
+            for (int g = 0; g < NG; g++) {
+                __m256i msum = _mm256_setzero_si256();
+                for (int i = 0; i < (CS == 8 ? 4 : 8); i++)
+                    msum = dot_pairs(msum, _mm256_load_si256((const __m256i *)(pn[g].mins + (8 * k + i) * PANEL)), bcast4(sums + 2 * i));
+                const __m256 dd = _mm256_mul_ps(_mm256_load_ps(pn[g].d + PANEL * k), dx);
+                const __m256 dm = _mm256_mul_ps(_mm256_load_ps(pn[g].dmin + PANEL * k), dx);
+                acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g][t]), dd, acc[g][t]);
+                acc[g][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), dm, acc[g][t]);
+            }
+        }
+    }
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < T; t++) store_rows(acc[g][t], y + t * ldy + PANEL * g, count[g]);
+}
+
+/* Legacy formats: NG panels x T tokens, every 32-value block. */
+INLINE void tile_32(const Panel *pn, const int NG, const int T, const int SIGNED, int64_t blocks,
+                    const Token *x, float *y, int64_t ldy, const int *count) {
+    __m256 acc[UNIT][TILE];
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < T; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        __m256i p[UNIT][TILE];
+        for (int g = 0; g < NG; g++)
+            for (int t = 0; t < T; t++) p[g][t] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            const int64_t chunk = 8 * k + c;
+            __m256i w[UNIT];
+            for (int g = 0; g < NG; g++) w[g] = _mm256_load_si256((const __m256i *)(pn[g].codes + 32 * chunk));
+            for (int t = 0; t < T; t++) {
+#ifdef Q8_VNNI
+                const __m256i v = SIGNED ? bcast4(x[t].qu + 4 * chunk) : bcast4(x[t].q + 4 * chunk);
+#else
+                const __m256i v = bcast4(x[t].q + 4 * chunk);
+#endif
+                for (int g = 0; g < NG; g++) p[g][t] = SIGNED ? dot_s(p[g][t], w[g], v) : dot_u(p[g][t], w[g], v);
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            const __m256 dx = _mm256_set1_ps(x[t].d[k]), sx = _mm256_set1_ps(((const float *)x[t].sums)[k]);
+            for (int g = 0; g < NG; g++) {
+                __m256i isum = p[g][t];
+#ifdef Q8_VNNI
+                if (SIGNED) isum = _mm256_sub_epi32(isum, _mm256_load_si256((const __m256i *)(pn[g].w128 + PANEL * k)));
+#endif
+                const __m256 dd = _mm256_mul_ps(_mm256_load_ps(pn[g].d + PANEL * k), dx);
+                acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[g][t]);
+                if (!SIGNED) acc[g][t] = _mm256_fmadd_ps(_mm256_load_ps(pn[g].dmin + PANEL * k), sx, acc[g][t]);
+            }
+        }
+    }
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < T; t++) store_rows(acc[g][t], y + t * ldy + PANEL * g, count[g]);
+}
+#else /* portable: each (row, token) on its own, the same steps as the vector lanes */
+static float row_k(const Panel *pn, int r, int CS, int64_t blocks, const Token *x) {
+    const int subs = 64 / CS;
+    const int16_t *sums = CS == 8 ? x->b32 : (const int16_t *)x->sums;
+    const int per_block = CS == 8 ? 8 : 16;
     float acc = 0.0f;
     for (int64_t k = 0; k < blocks; k++) {
-        int32_t sum = 0, msum = 0;
-        for (int i = 0; i < 256; i++) {
-            const int scale = scales[128 * k + 16 * (i / 32) + 8 * (i % 32 / 16)];
-            sum += codes[256 * k + i] * x->q[256 * k + i] * scale;
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < subs; j++) {
+            int32_t dot = 0;
+            for (int64_t e = 4 * (64 * k + CS * j); e < 4 * (64 * k + CS * (j + 1)); e++)
+                dot += pn->codes[32 * (e / 4) + 4 * r + e % 4] * x->q[e];
+            isum += dot * pn->scales[(subs * k + j) * PANEL + r];
         }
-        for (int i = 0; i < 16; i++) msum += bsums[16 * k + i] * mins[16 * k + i];
-        acc += (float)sum * (d[k] * x->d[k]) - (float)msum * (dmin[k] * x->d[k]);
+        for (int i = 0; i < per_block / 2; i++) {
+            const int32_t pair = pn->mins[(8 * k + i) * PANEL + r];
+            const int16_t *s2 = sums + per_block * k + 2 * i;
+            msum += (int16_t)(pair & 0xFFFF) * s2[0] + (int16_t)(pair >> 16) * s2[1];
+        }
+        acc = fmaf((float)isum, pn->d[PANEL * k + r] * x->d[k], acc);
+        acc = fmaf(-(float)msum, pn->dmin[PANEL * k + r] * x->d[k], acc);
     }
-    *y = acc;
+    return acc;
 }
 
-static void dot_32_one(int is_signed, const uint8_t *codes, const float *d, const float *bias,
-                       int64_t blocks, const Token *x, float *y) {
-    float total = 0.0f, tail = 0.0f;
+static float row_32(const Panel *pn, int r, int SIGNED, int64_t blocks, const Token *x) {
+    float acc = 0.0f;
     for (int64_t k = 0; k < blocks; k++) {
-        int32_t sum = 0;
-        for (int i = 0; i < 32; i++)
-            sum += (is_signed ? (int8_t)codes[32 * k + i] : codes[32 * k + i]) * x->q[32 * k + i];
-        total += (float)sum * (d[k] * x->d[k]);
-        if (!is_signed) tail += bias[k] * ((const float *)x->sums)[k];
+        int32_t isum = 0;
+        for (int64_t e = 32 * k; e < 32 * (k + 1); e++) {
+            const uint8_t code = pn->codes[32 * (e / 4) + 4 * r + e % 4];
+            isum += (SIGNED ? (int8_t)code : code) * x->q[e];
+        }
+        acc = fmaf((float)isum, pn->d[PANEL * k + r] * x->d[k], acc);
+        if (!SIGNED) acc = fmaf(pn->dmin[PANEL * k + r], ((const float *)x->sums)[k], acc);
     }
-    *y = total + tail;
+    return acc;
 }
 
-#define DOT_K(name, TT)                                                                           \
-    NOINLINE void name(const uint8_t *codes, const int16_t *scales, const int16_t *mins,          \
-                       const float *d, const float *dmin, int64_t blocks, const Token *x,         \
-                       float *y, int64_t ldy) {                                                   \
-        for (int t = 0; t < TT; t++) dot_k_one(codes, scales, mins, d, dmin, blocks, x + t, y + t * ldy); \
-    }
-#define DOT_32(name, TT, SIGNED, BIASED)                                                          \
-    NOINLINE void name(const uint8_t *codes, const float *d, const float *bias, int64_t blocks,   \
-                       const Token *x, float *y, int64_t ldy) {                                   \
-        for (int t = 0; t < TT; t++) dot_32_one(SIGNED, codes, d, bias, blocks, x + t, y + t * ldy); \
-    }
+static void tile_k(const Panel *pn, int NG, int T, int CS, int64_t blocks, const Token *x,
+                   float *y, int64_t ldy, const int *count) {
+    for (int g = 0; g < NG; g++)
+        for (int r = 0; r < count[g]; r++)
+            for (int t = 0; t < T; t++) y[t * ldy + PANEL * g + r] = row_k(pn + g, r, CS, blocks, x + t);
+}
+
+static void tile_32(const Panel *pn, int NG, int T, int SIGNED, int64_t blocks, const Token *x,
+                    float *y, int64_t ldy, const int *count) {
+    for (int g = 0; g < NG; g++)
+        for (int r = 0; r < count[g]; r++)
+            for (int t = 0; t < T; t++) y[t * ldy + PANEL * g + r] = row_32(pn + g, r, SIGNED, blocks, x + t);
+}
 #endif
 
-#define TILE 4 /* tokens per dot-product call: codes and scales loaded once for all four */
-DOT_K(dot_k1, 1)
-DOT_K(dot_k2, 2)
-DOT_K(dot_k3, 3)
-DOT_K(dot_k4, 4)
-DOT_32(dot_s1, 1, 1, 0)
-DOT_32(dot_s2, 2, 1, 0)
-DOT_32(dot_s3, 3, 1, 0)
-DOT_32(dot_s4, 4, 1, 0)
-DOT_32(dot_b1, 1, 0, 1)
-DOT_32(dot_b2, 2, 0, 1)
-DOT_32(dot_b3, 3, 0, 1)
-DOT_32(dot_b4, 4, 0, 1)
+/* One compiled tile per kind (K 32-value sub-blocks, Q6_K's 16, Q8_0, biased legacy), panel
+ * count and token count: the loops unroll and the accumulators stay in registers. */
+#define TILE_FNS(NG, T)                                                                           \
+    NOINLINE void k8_##NG##_##T(const Panel *pn, int64_t blocks, const Token *x, float *y,       \
+                                int64_t ldy, const int *count) {                                  \
+        tile_k(pn, NG, T, 8, blocks, x, y, ldy, count);                                           \
+    }                                                                                             \
+    NOINLINE void k4_##NG##_##T(const Panel *pn, int64_t blocks, const Token *x, float *y,       \
+                                int64_t ldy, const int *count) {                                  \
+        tile_k(pn, NG, T, 4, blocks, x, y, ldy, count);                                           \
+    }                                                                                             \
+    NOINLINE void s_##NG##_##T(const Panel *pn, int64_t blocks, const Token *x, float *y,        \
+                               int64_t ldy, const int *count) {                                   \
+        tile_32(pn, NG, T, 1, blocks, x, y, ldy, count);                                          \
+    }                                                                                             \
+    NOINLINE void b_##NG##_##T(const Panel *pn, int64_t blocks, const Token *x, float *y,        \
+                               int64_t ldy, const int *count) {                                   \
+        tile_32(pn, NG, T, 0, blocks, x, y, ldy, count);                                          \
+    }
+TILE_FNS(1, 1) TILE_FNS(1, 2) TILE_FNS(1, 3) TILE_FNS(1, 4) TILE_FNS(1, 5) TILE_FNS(1, 6)
+TILE_FNS(2, 1) TILE_FNS(2, 2) TILE_FNS(2, 3) TILE_FNS(2, 4) TILE_FNS(2, 5) TILE_FNS(2, 6)
 
-typedef void (*dot_k_fn)(const uint8_t *, const int16_t *, const int16_t *, const float *,
-                         const float *, int64_t, const Token *, float *, int64_t);
-typedef void (*dot_32_fn)(const uint8_t *, const float *, const float *, int64_t, const Token *,
-                          float *, int64_t);
-static const dot_k_fn DOT_K_FNS[TILE] = {dot_k1, dot_k2, dot_k3, dot_k4};
-static const dot_32_fn DOT_SIGNED_FNS[TILE] = {dot_s1, dot_s2, dot_s3, dot_s4};
-static const dot_32_fn DOT_BIASED_FNS[TILE] = {dot_b1, dot_b2, dot_b3, dot_b4};
+enum { KIND_K8, KIND_K4, KIND_SIGNED, KIND_BIASED };
+static const tile_fn TILES[4][UNIT][TILE] = {
+    {{k8_1_1, k8_1_2, k8_1_3, k8_1_4, k8_1_5, k8_1_6},
+     {k8_2_1, k8_2_2, k8_2_3, k8_2_4, k8_2_5, k8_2_6}},
+    {{k4_1_1, k4_1_2, k4_1_3, k4_1_4, k4_1_5, k4_1_6},
+     {k4_2_1, k4_2_2, k4_2_3, k4_2_4, k4_2_5, k4_2_6}},
+    {{s_1_1, s_1_2, s_1_3, s_1_4, s_1_5, s_1_6},
+     {s_2_1, s_2_2, s_2_3, s_2_4, s_2_5, s_2_6}},
+    {{b_1_1, b_1_2, b_1_3, b_1_4, b_1_5, b_1_6},
+     {b_2_1, b_2_2, b_2_3, b_2_4, b_2_5, b_2_6}},
+};
+
+static int kind_of(int type) {
+    return type == Q6_K ? KIND_K4 : is_k(type) ? KIND_K8 : type == Q8_0 ? KIND_SIGNED : KIND_BIASED;
+}
+
+/* ---- one token: 8 rows at a time straight from the weight blocks ------------------------- */
+#ifdef __AVX2__
+/* One token is no reuse for a decoded panel: each row's block is multiplied where it lies into
+ * 8-lane partial sums, which reduce8 turns into one exact sum per row, lane = row: then the
+ * same float steps as the tiles. */
+
+/* lane r = the sum of v[r]'s lanes (exact: integers). */
+static inline __m256i reduce8(const __m256i v[PANEL]) {
+    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+/* int16 j of each 128-bit half of v, in all 8 int16 of that half. */
+static inline __m256i pick16(__m256i v, int j) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
+}
+
+/* Q4_K / Q5_K block b times the token's block (q: 8 x 32 values; b32: its sums per 32): the
+ * partial sums of isum and msum. */
+static inline void row_k45(int type, const uint8_t *b, const __m256i *q, __m256i b32,
+                           __m256i *isum, __m256i *msum) {
+    uint32_t u[4];
+    k45_scales_mins(b, u);
+    const __m128i packed = _mm_loadu_si128((const __m128i *)u);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
+    *msum = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)), b32);
+    const uint8_t *qs = b + (type == Q4_K ? 16 : 48);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16)); /* Q5_K's fifth bits */
+    __m256i sum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if (type == Q5_K) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+        }
+        sum = dot_pairs(sum, _mm256_maddubs_epi16(lo, q[2 * c]), pick16(scales, 2 * c));
+        sum = dot_pairs(sum, _mm256_maddubs_epi16(hi, q[2 * c + 1]), pick16(scales, 2 * c + 1));
+    }
+    *isum = sum;
+}
+
+/* Q6_K block b times the token's block (q: 8 x 32 values; bsums: its 16 sums per 16). */
+static inline void row_k6(const uint8_t *b, const __m256i *q, __m256i bsums, __m256i *isum,
+                          __m256i *msum) {
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+    *msum = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc), bsums);
+    /* Scales 0, 2, .., 14 in the low half, 1, 3, .., 15 in the high: 32 codes i take scale 2i
+     * on their first 16 (maddubs' low half) and 2i + 1 on their last 16. */
+    const __m128i odd_even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i split = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, odd_even));
+    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
+    __m256i sum = _mm256_setzero_si256();
+    for (int half = 0; half < 2; half++) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * half));
+        for (int part = 0; part < 4; part++) {
+            const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * half + 32 * (part & 1)));
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (part >> 1)), low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * part), low2);
+            const __m256i codes = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            sum = dot_pairs(sum, _mm256_maddubs_epi16(codes, q[4 * half + part]), pick16(split, 4 * half + part));
+        }
+    }
+    *isum = sum;
+}
+
+/* Every cache line of the block at b, the same column a few octets on (>= 16 KiB ahead): one
+ * token does little arithmetic per byte, and the out-of-order window alone keeps too few
+ * misses in flight (ggml_cpu.c's batch-1 loops measured the same). */
+static inline void prefetch_ahead(const uint8_t *b, int bytes, int64_t row_bytes) {
+    const int64_t octet = PANEL * row_bytes, ahead = octet * ((16384 + octet - 1) / octet);
+    for (int line = 0; line < bytes; line += 64) __builtin_prefetch(b + ahead + line);
+}
+
+/* The fp16 at offset `at` of each row's block, as 8 floats (exact). */
+static inline __m256 f16_lanes(const uint8_t *const *b, int at) {
+    uint16_t h[PANEL];
+    for (int r = 0; r < PANEL; r++) memcpy(h + r, b[r] + at, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* K-quant rows [0, count) at w, one token: y[r] for r < count. */
+INLINE void gemv_k(const int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
+                   const Token *x, float *y) {
+    const int bytes = q8_bytes(type);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        __m256i q[8], isum[PANEL], msum[PANEL];
+        for (int i = 0; i < 8; i++) q[i] = _mm256_loadu_si256((const __m256i *)(x->q + 256 * k + 32 * i));
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)((const int16_t *)x->sums + 16 * k));
+        const __m256i b32 = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+        const uint8_t *b[PANEL];
+        for (int r = 0; r < PANEL; r++) {
+            b[r] = w + (r < count ? r : count - 1) * row_bytes + k * bytes;
+            prefetch_ahead(b[r], bytes, row_bytes);
+            if (type == Q6_K)
+                row_k6(b[r], q, bsums, isum + r, msum + r);
+            else
+                row_k45(type, b[r], q, b32, isum + r, msum + r);
+        }
+        const __m256 d = f16_lanes(b, type == Q6_K ? 208 : 0);
+        const __m256 dmin = type == Q6_K ? _mm256_mul_ps(d, _mm256_set1_ps(32.0f)) : f16_lanes(b, 2);
+        const __m256 dx = _mm256_set1_ps(x->d[k]);
+        const __m256 dd = _mm256_mul_ps(d, dx), dm = _mm256_mul_ps(dmin, dx);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum)), dd, acc);
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce8(msum)), dm, acc);
+    }
+    store_rows(acc, y, count);
+}
+
+/* gemv_k for rows of at most SEQ_BLOCKS_K blocks: each row's blocks in one sequential run, their
+ * partial sums kept (exact integers), then the same float steps block by block, lane = row. */
+INLINE void gemv_k_rows(const int type, const uint8_t *w, int64_t row_bytes, int count,
+                        int64_t blocks, const Token *x, float *y) {
+    const int bytes = q8_bytes(type);
+    __m256i isum[SEQ_BLOCKS_K][PANEL], msum[SEQ_BLOCKS_K][PANEL];
+    /* fp16 d and dmin, taken on the walk: gathered afterwards from 8 rows they cost ~10 %. */
+    uint16_t dh[SEQ_BLOCKS_K][PANEL] = {{0}}, mh[SEQ_BLOCKS_K][PANEL] = {{0}};
+    for (int r = 0; r < PANEL; r++)
+        for (int64_t k = 0; k < blocks; k++) {
+            const uint8_t *b = w + r * row_bytes + k * bytes;
+            if (r >= count) {
+                isum[k][r] = msum[k][r] = _mm256_setzero_si256();
+                continue;
+            }
+            for (int line = 0; SEQ_PREFETCH && line < bytes; line += 64) __builtin_prefetch(b + SEQ_PREFETCH + line);
+            memcpy(&dh[k][r], b + (type == Q6_K ? 208 : 0), 2);
+            if (type != Q6_K) memcpy(&mh[k][r], b + 2, 2);
+            __m256i q[8];
+            for (int i = 0; i < 8; i++) q[i] = _mm256_loadu_si256((const __m256i *)(x->q + 256 * k + 32 * i));
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)((const int16_t *)x->sums + 16 * k));
+            if (type == Q6_K)
+                row_k6(b, q, bsums, &isum[k][r], &msum[k][r]);
+            else
+                row_k45(type, b, q, _mm256_madd_epi16(bsums, _mm256_set1_epi16(1)), &isum[k][r], &msum[k][r]);
+        }
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh[k]));
+        const __m256 dmin = type == Q6_K ? _mm256_mul_ps(d, _mm256_set1_ps(32.0f))
+                                         : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh[k]));
+        const __m256 dx = _mm256_set1_ps(x->d[k]);
+        const __m256 dd = _mm256_mul_ps(d, dx), dm = _mm256_mul_ps(dmin, dx);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum[k])), dd, acc);
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce8(msum[k])), dm, acc);
+    }
+    store_rows(acc, y, count);
+}
+
+/* The integer sum of a legacy block's codes times q (8 partial lanes); qu = q + 128. */
+static inline __m256i row_32(int type, const uint8_t *b, __m256i q, __m256i qu) {
+    const __m256i codes = codes_32(type, b), zero = _mm256_setzero_si256();
+    if (type != Q8_0) return dot_u(zero, codes, q);
+#ifdef Q8_VNNI
+    return _mm256_sub_epi32(dot_s(zero, codes, qu), dot_s(zero, codes, _mm256_set1_epi8((char)0x80)));
+#else
+    (void)qu;
+    return dot_s(zero, codes, q);
+#endif
+}
+
+/* Legacy rows [0, count) at w, one token: y[r] for r < count. */
+INLINE void gemv_32(const int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
+                    const Token *x, float *y) {
+    const int bytes = q8_bytes(type);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k));
+        const __m256i qu = _mm256_loadu_si256((const __m256i *)(x->qu + 32 * k));
+        __m256i isum[PANEL];
+        const uint8_t *b[PANEL];
+        for (int r = 0; r < PANEL; r++) {
+            b[r] = w + (r < count ? r : count - 1) * row_bytes + k * bytes;
+            prefetch_ahead(b[r], bytes, row_bytes);
+            isum[r] = row_32(type, b[r], q, qu);
+        }
+        const __m256 d = f16_lanes(b, 0);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum)), _mm256_mul_ps(d, _mm256_set1_ps(x->d[k])), acc);
+        if (type == Q8_0) continue;
+        /* legacy_bias's steps, lane by lane */
+        const __m256 bias = type == Q4_1 || type == Q5_1 ? f16_lanes(b, 2)
+                                                         : _mm256_mul_ps(_mm256_set1_ps(type == Q4_0 ? -8.0f : -16.0f), d);
+        acc = _mm256_fmadd_ps(bias, _mm256_set1_ps(((const float *)x->sums)[k]), acc);
+    }
+    store_rows(acc, y, count);
+}
+
+/* gemv_32 for rows of at most SEQ_BLOCKS_32 blocks, in gemv_k_rows' order. */
+INLINE void gemv_32_rows(const int type, const uint8_t *w, int64_t row_bytes, int count,
+                         int64_t blocks, const Token *x, float *y) {
+    const int bytes = q8_bytes(type);
+    __m256i isum[SEQ_BLOCKS_32][PANEL];
+    uint16_t dh[SEQ_BLOCKS_32][PANEL] = {{0}}, mh[SEQ_BLOCKS_32][PANEL] = {{0}}; /* fp16 d, m */
+    for (int r = 0; r < PANEL; r++)
+        for (int64_t k = 0; k < blocks; k++) {
+            const uint8_t *b = w + r * row_bytes + k * bytes;
+            if (r >= count) {
+                isum[k][r] = _mm256_setzero_si256();
+                continue;
+            }
+            for (int line = 0; SEQ_PREFETCH_32 && line < bytes; line += 64) __builtin_prefetch(b + SEQ_PREFETCH_32 + line);
+            memcpy(&dh[k][r], b, 2);
+            if (type == Q4_1 || type == Q5_1) memcpy(&mh[k][r], b + 2, 2);
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k));
+            isum[k][r] = row_32(type, b, q, _mm256_loadu_si256((const __m256i *)(x->qu + 32 * k)));
+        }
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh[k]));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum[k])), _mm256_mul_ps(d, _mm256_set1_ps(x->d[k])), acc);
+        if (type == Q8_0) continue;
+        /* legacy_bias's steps, lane by lane */
+        const __m256 bias = type == Q4_1 || type == Q5_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh[k]))
+                                                         : _mm256_mul_ps(_mm256_set1_ps(type == Q4_0 ? -8.0f : -16.0f), d);
+        acc = _mm256_fmadd_ps(bias, _mm256_set1_ps(((const float *)x->sums)[k]), acc);
+    }
+    store_rows(acc, y, count);
+}
+
+/* One compiled loop per type: the per-block branches on the type fold away. Short rows one
+ * after the other, long ones (each a long stream) 8 side by side: no buffer of partial sums. */
+#define GEMV_FN(T, body)                                                                          \
+    NOINLINE void gemv_##T(const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,       \
+                           const Token *x, float *y) {                                            \
+        if (blocks <= (is_k(T) ? SEQ_BLOCKS_K : SEQ_BLOCKS_32))                                   \
+            body##_rows(T, w, row_bytes, count, blocks, x, y);                                    \
+        else                                                                                      \
+            body(T, w, row_bytes, count, blocks, x, y);                                           \
+    }
+GEMV_FN(Q4_K, gemv_k) GEMV_FN(Q5_K, gemv_k) GEMV_FN(Q6_K, gemv_k)
+GEMV_FN(Q4_0, gemv_32) GEMV_FN(Q4_1, gemv_32) GEMV_FN(Q5_0, gemv_32) GEMV_FN(Q5_1, gemv_32)
+GEMV_FN(Q8_0, gemv_32)
+
+typedef void (*gemv_fn)(const uint8_t *, int64_t, int, int64_t, const Token *, float *);
+static gemv_fn gemv_of(int type) {
+    switch (type) {
+    case Q4_K: return gemv_Q4_K;
+    case Q5_K: return gemv_Q5_K;
+    case Q6_K: return gemv_Q6_K;
+    case Q4_0: return gemv_Q4_0;
+    case Q4_1: return gemv_Q4_1;
+    case Q5_0: return gemv_Q5_0;
+    case Q5_1: return gemv_Q5_1;
+    default: return gemv_Q8_0;
+    }
+}
+#endif
 
 /* ---- the matmul ------------------------------------------------------------------------- */
 
-/* y [t][n0 + r] for rows [n0, n0 + count) of one part and every token: the rows decoded once,
- * then multiplied with TILE tokens at a time. */
-static void group_rows(int type, const uint8_t *w, int64_t n0, int count, int64_t cols,
-                       const Rows *rows, const Acts *acts, int64_t tokens, float *y, int64_t ldy) {
-    const int B = q8_block(type);
-    const int64_t blocks = cols / B, row_bytes = blocks * q8_bytes(type);
-    for (int r = 0; r < count; r++) decode_row(type, w + (n0 + r) * row_bytes, blocks, rows, r, cols);
-    for (int64_t t0 = 0; t0 < tokens; t0 += TILE) {
-        const int tt = (int)(tokens - t0 < TILE ? tokens - t0 : TILE);
+typedef struct {
+    const int *types;
+    const uint8_t *const *ws;
+    const int64_t *rows;
+    int64_t cols, tokens, ldy;
+    const Acts *k_acts, *acts32;
+    float *y;
+} Call;
+
+/* The token's activations in the layout of type's part. */
+static Token token_of(const Call *c, int type, int64_t t) {
+    const Acts *acts = is_k(type) ? c->k_acts : c->acts32;
+    const int64_t blocks = c->cols / q8_block(type);
+    Token x = {acts->q + t * c->cols, acts->qu ? acts->qu + t * c->cols : NULL, acts->d + t * blocks,
+               is_k(type) ? (const void *)(acts->bsums + t * (c->cols / 16)) : (const void *)(acts->s + t * blocks),
+               is_k(type) ? acts->b32 + t * (c->cols / 32) : NULL};
+    return x;
+}
+
+/* Rows [n0, n0 + 16) of part p (fewer at its end), output columns from `column`: the rows
+ * decoded into two panels once, then every token, TILE at a time. */
+static void run_unit(const Call *c, int p, int64_t n0, int64_t column, Panel *pn) {
+    const int type = c->types[p], B = q8_block(type);
+    const int64_t blocks = c->cols / B, row_bytes = blocks * q8_bytes(type);
+    int count[UNIT], panels = 0;
+    for (; panels < UNIT && n0 + PANEL * panels < c->rows[p]; panels++) {
+        const int64_t first = n0 + PANEL * panels, left = c->rows[p] - first;
+        count[panels] = (int)(left < PANEL ? left : PANEL);
+        decode_panel(type, c->ws[p] + first * row_bytes, row_bytes, count[panels], blocks, pn + panels);
+    }
+    for (int64_t t0 = 0; t0 < c->tokens; t0 += TILE) {
+        const int tt = (int)(c->tokens - t0 < TILE ? c->tokens - t0 : TILE);
         Token x[TILE];
-        for (int t = 0; t < tt; t++) {
-            x[t].q = acts->q + (t0 + t) * cols;
-            x[t].d = acts->d + (t0 + t) * blocks;
-            x[t].sums = B == 256 ? (const void *)(acts->bsums + (t0 + t) * (cols / 16))
-                                 : (const void *)(acts->s + (t0 + t) * blocks);
-        }
-        for (int r = 0; r < count; r++) {
-            /* Row r of the next group, fetched while this one multiplies: the hardware
-             * prefetcher idles through the products, and at 4 tokens a Q8_0 product stalled
-             * on memory most of the time when the next group's bytes were first read cold. */
-            if (t0 == 0)
-                for (int64_t line = 0; line < row_bytes; line += 64)
-                    __builtin_prefetch(w + (n0 + GROUP + r) * row_bytes + line);
-            const uint8_t *codes = rows->codes + r * cols;
-            const float *d = rows->d + r * blocks, *dmin = rows->dmin + r * blocks;
-            float *out = y + t0 * ldy + n0 + r;
-            if (B == 256)
-                DOT_K_FNS[tt - 1](codes, rows->scales + r * blocks * 128,
-                                  rows->mins + r * blocks * 16, d, dmin, blocks, x, out, ldy);
-            else
-                (type == Q8_0 ? DOT_SIGNED_FNS : DOT_BIASED_FNS)[tt - 1](codes, d, dmin, blocks, x,
-                                                                        out, ldy);
-        }
+        for (int t = 0; t < tt; t++) x[t] = token_of(c, type, t0 + t);
+        TILES[kind_of(type)][panels - 1][tt - 1](pn, blocks, x, c->y + t0 * c->ldy + column + n0, c->ldy, count);
     }
 }
 
-static int alloc_acts(Acts *acts, int k_quants, int64_t tokens, int64_t cols) {
-    const int64_t B = k_quants ? 256 : 32;
-    acts->q = malloc((size_t)(tokens * cols));
-    acts->d = malloc(sizeof(float) * (size_t)(tokens * cols / B));
-    acts->bsums = k_quants ? malloc(sizeof(int16_t) * (size_t)(tokens * cols / 16)) : NULL;
-    acts->s = k_quants ? NULL : malloc(sizeof(float) * (size_t)(tokens * cols / 32));
-    return acts->q && acts->d && (k_quants ? acts->bsums != NULL : acts->s != NULL);
+/* Unit u of the call (units of rows_per rows, a part's last one shorter): its part, first
+ * row and output column. */
+static int unit_of(const Call *c, int64_t rows_per, int64_t u, int64_t *n0, int64_t *column) {
+    int p = 0;
+    *column = 0;
+    while (u >= (c->rows[p] + rows_per - 1) / rows_per)
+        u -= (c->rows[p] + rows_per - 1) / rows_per, *column += c->rows[p], p++;
+    *n0 = u * rows_per;
+    return p;
 }
 
-static void free_acts(Acts *acts) {
-    free(acts->q), free(acts->d), free(acts->bsums), free(acts->s);
-}
-
-static int alloc_rows(Rows *rows, int64_t cols) {
-    const size_t n = (size_t)(GROUP * cols), blocks = (size_t)(GROUP * cols / 32);
-    /* aligned_alloc wants a multiple of the alignment; codes and scales are (cols % 32 == 0) */
-    rows->codes = aligned_alloc(64, n);
-    rows->scales = aligned_alloc(64, sizeof(int16_t) * n / 2); /* K: 128 per 256 values */
-    rows->mins = aligned_alloc(64, (sizeof(int16_t) * n / 16 + 63) / 64 * 64);
-    rows->d = malloc(sizeof(float) * blocks);
-    rows->dmin = malloc(sizeof(float) * blocks);
-    return rows->codes && rows->scales && rows->mins && rows->d && rows->dmin;
-}
-
-static void free_rows(Rows *rows) {
-    free(rows->codes), free(rows->scales), free(rows->mins), free(rows->d), free(rows->dmin);
-}
-
-/* Quantize every token for the activation formats the parts need. On one thread, before the
- * parallel region: it costs ~1 % of the products, and a barrier after it cost a scheduler
- * quantum whenever a thread was descheduled on a shared machine. */
-static void quantize_tokens(const float *x, int64_t tokens, int64_t cols, Acts *k_acts,
-                            Acts *acts32) {
-    for (int64_t t = 0; t < tokens; t++) {
-        if (k_acts->q)
-            quantize_token_k(x + t * cols, cols, k_acts->q + t * cols, k_acts->d + t * (cols / 256),
-                             k_acts->bsums + t * (cols / 16));
-        if (acts32->q)
-            quantize_token_32(x + t * cols, cols, acts32->q + t * cols, acts32->d + t * (cols / 32),
-                              acts32->s + t * (cols / 32));
+/* Unit u of a call: one token (AVX2): 32 rows straight from their blocks; else 16 rows decoded
+ * into this thread's panels and every token. Returns 0 when the panels' memory ran out. */
+static int run_work(const Call *c, int64_t u) {
+    int64_t n0, column;
+#ifdef __AVX2__
+    if (c->tokens == 1) {
+        const int p = unit_of(c, GEMV_ROWS, u, &n0, &column), type = c->types[p];
+        const int64_t blocks = c->cols / q8_block(type), row_bytes = blocks * q8_bytes(type);
+        const Token x = token_of(c, type, 0);
+        for (int64_t r0 = n0; r0 < n0 + GEMV_ROWS && r0 < c->rows[p]; r0 += PANEL) {
+            const int count = (int)(c->rows[p] - r0 < PANEL ? c->rows[p] - r0 : PANEL);
+            gemv_of(type)(c->ws[p] + r0 * row_bytes, row_bytes, count, blocks, &x, c->y + column + r0);
+        }
+        return 1;
     }
+#endif
+    char *base = scratch_get(&panel_scratch, UNIT * panel_bytes(c->cols));
+    if (!base) return 0;
+    Panel pn[UNIT];
+    for (int g = 0; g < UNIT; g++) panel_place(pn + g, base + g * panel_bytes(c->cols), c->cols);
+    const int p = unit_of(c, UNIT * PANEL, u, &n0, &column);
+    run_unit(c, p, n0, column, pn);
+    return 1;
+}
+
+#define KEEP_ACTS_BYTES (32 << 20) /* larger activations are allocated per call, not kept */
+
+/* The quantized activations of the call, in this thread's kept buffer, or in a new one (*owned,
+ * for the caller to free) past KEEP_ACTS_BYTES. Returns 0 when memory ran out. */
+static int prepare_acts(const float *x, int64_t tokens, int64_t cols, int need_k, int need_32,
+                        Acts *k_acts, Acts *acts32, void **owned) {
+    const size_t k_size = need_k ? acts_bytes(1, tokens, cols) : 0;
+    const size_t size = k_size + (need_32 ? acts_bytes(0, tokens, cols) : 0);
+    *owned = NULL;
+    if (size == 0) return 1; /* no parts */
+    char *base = size <= KEEP_ACTS_BYTES ? scratch_get(&acts_scratch, size) : aligned_alloc(64, up64(size));
+    *owned = size <= KEEP_ACTS_BYTES ? NULL : base;
+    if (!base) return 0;
+    if (need_k) acts_place(k_acts, base, 1, tokens, cols);
+    if (need_32) acts_place(acts32, base + k_size, 0, tokens, cols);
+    quantize_tokens(x, tokens, cols, k_acts, acts32);
+    return 1;
 }
 
 /* y [tokens, ldy] = x [tokens, cols] @ [W_0; W_1; ...].T with 8-bit activations, part p in
@@ -500,44 +1049,44 @@ int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
                          const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
                          float *y, int64_t ldy, int threads) {
     int need_k = 0, need_32 = 0;
-    int64_t groups = 0;
+#ifdef __AVX2__
+    const int64_t rows_per = tokens == 1 ? GEMV_ROWS : UNIT * PANEL;
+#else
+    const int64_t rows_per = UNIT * PANEL;
+#endif
+    int64_t units = 0;
     for (int p = 0; p < parts; p++) {
         if (!axon_q8_supported(types[p]) || cols % q8_block(types[p])) return -1;
         need_k |= is_k(types[p]), need_32 |= !is_k(types[p]);
-        groups += (rows[p] + GROUP - 1) / GROUP;
+        units += (rows[p] + rows_per - 1) / rows_per;
     }
     if (tokens < 0) return -1;
     if (tokens == 0) return 0;
     Acts k_acts = {0}, acts32 = {0};
-    int ok = (!need_k || alloc_acts(&k_acts, 1, tokens, cols)) &&
-             (!need_32 || alloc_acts(&acts32, 0, tokens, cols));
-    if (ok) quantize_tokens(x, tokens, cols, &k_acts, &acts32);
+    void *owned;
+    if (!prepare_acts(x, tokens, cols, need_k, need_32, &k_acts, &acts32, &owned)) return -2;
+    const Call call = {types, ws, rows, cols, tokens, ldy, &k_acts, &acts32, y};
     if (threads < 1) threads = 1;
-    int failed = !ok; /* out of memory somewhere: the call returns -2 */
-#pragma omp parallel num_threads(threads) if (threads > 1 && ok)
-    {
-        Rows scratch = {0};
-        const int mine = ok && alloc_rows(&scratch, cols);
-        if (!mine) {
+    int failed = 0;
+    if (tokens == 1) {
+        /* A memory stream: each thread walks one contiguous share of the rows, as the exact
+         * GEMV does (units handed out in turn broke the prefetcher's streams every 32 rows). */
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && units > 1)
+        for (int64_t u = 0; u < units; u++)
+            if (!run_work(&call, u)) { /* only without AVX2: one token then uses the panels */
 #pragma omp atomic write
-            failed = 1;
-        }
+                failed = 1;
+            }
+    } else {
         /* Dynamic: on a shared machine a descheduled thread's static share held up the rest. */
-#pragma omp for schedule(dynamic, 4) nowait
-        for (int64_t g = 0; g < groups; g++) {
-            if (!mine) continue;
-            int64_t first = 0, column = 0;
-            int p = 0;
-            while (g - first >= (rows[p] + GROUP - 1) / GROUP)
-                first += (rows[p] + GROUP - 1) / GROUP, column += rows[p], p++;
-            const int64_t n0 = (g - first) * GROUP;
-            const int count = (int)(rows[p] - n0 < GROUP ? rows[p] - n0 : GROUP);
-            group_rows(types[p], ws[p], n0, count, cols, &scratch, is_k(types[p]) ? &k_acts : &acts32,
-                       tokens, y + column, ldy);
-        }
-        free_rows(&scratch); /* also what a failed allocation got */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)
+        for (int64_t u = 0; u < units; u++)
+            if (!run_work(&call, u)) {
+#pragma omp atomic write
+                failed = 1;
+            }
     }
-    free_acts(&k_acts), free_acts(&acts32);
+    free(owned);
     return failed ? -2 : 0;
 }
 
@@ -545,7 +1094,7 @@ int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
  * or s (Q8_0). */
 void axon_q8_quantize(const float *x, int64_t cols, int k, int8_t *q, float *d, void *sums) {
     if (k)
-        quantize_token_k(x, cols, q, d, (int16_t *)sums);
+        quantize_token_k(x, cols, q, d, (int16_t *)sums, NULL);
     else
-        quantize_token_32(x, cols, q, d, (float *)sums);
+        quantize_token_32(x, cols, q, d, (float *)sums, NULL);
 }

@@ -1,5 +1,5 @@
 """GGML weights times 8-bit activations (ggml_q8.c, through ctypes): the opt-in
-`activation_precision="int8"` path of batched steps.
+`activation_precision="int8"` path (every step size).
 
 Each token's activations are quantized on their own per block, with llama.cpp's schemes (Q8_K,
 256 wide, for the K-quants; Q8_0 / Q8_1, 32 wide, for the legacy formats): a float scale
@@ -9,7 +9,10 @@ values with the weights' codes, scaled once per block: the same math, up to floa
 (`matmul_ref`). A token's output does not depend on the rest of the batch.
 
 The default path (kernels/ggml_cpu.py) keeps float32 activations; GGMLWeights calls `matmul`
-here for batches of more than one token when its weights were built with int8 activations.
+here when its weights were built with int8 activations. The C side has two kernels with the
+same float steps per (row, token), so their results are the same bits: many tokens multiply
+16 decoded rows x 6 tokens at a time (VNNI dpbusd where the CPU has it), one token multiplies
+8 rows straight from their GGUF blocks.
 """
 
 from __future__ import annotations

@@ -141,11 +141,14 @@ class QuantizedExperts(nn.Module):
     """A layer's experts kept in their GGUF blocks (each part a view of the file's one copy),
     multiplied in place by the C kernel (kernels/ggml_cpu.py) with float32 activations; where
     it cannot (no compiler, an unsupported type) a part is dequantized per call, the reference
-    twin `matmul_ref`. An expert's gate and up parts run as one call."""
+    twin `matmul_ref`. An expert's gate and up parts run as one call. `int8` (set by
+    use_int8_activations before the first forward) switches every product, the one-call C
+    experts' included, to 8-bit activations (kernels/ggml_q8.py)."""
 
     def __init__(self, num_experts: int):
         super().__init__()
         self.num_experts = num_experts
+        self.int8 = False
         self._parts: dict[tuple[int, str], QuantizedTensor] = {}
         self._prepared: dict[tuple[int, str], ggml_cpu.GGMLWeights | None] = {}
 
@@ -164,7 +167,9 @@ class QuantizedExperts(nn.Module):
         if (expert, key) not in self._prepared:
             supported = all(ggml_cpu.supports(qt.ggml_type) for qt in qts)
             weights = [(qt.ggml_type, qt.data) for qt in qts]
-            kernel = ggml_cpu.GGMLWeights(weights, qts[0].shape[1]) if supported else None
+            kernel = (
+                ggml_cpu.GGMLWeights(weights, qts[0].shape[1], self.int8) if supported else None
+            )
             self._prepared[expert, key] = kernel
         kernel = self._prepared[expert, key]
         if kernel is not None and x.device.type == "cpu":
@@ -311,9 +316,11 @@ class FusedMoE(nn.Module):
             parts = self._c_parts()
             activation = _C_ACTIVATIONS.get(self.act)
             usable = parts is not None and cpu_moe.ExpertWeights.usable(parts, activation)
-            inter = self.intermediate_size
+            inter, int8 = self.intermediate_size, self.quantized is not None and self.quantized.int8
             self._c_experts = (
-                cpu_moe.ExpertWeights(parts, hidden.shape[1], inter, activation) if usable else None
+                cpu_moe.ExpertWeights(parts, hidden.shape[1], inter, activation, int8)
+                if usable
+                else None
             )
         return self._c_experts
 

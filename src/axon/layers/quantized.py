@@ -109,7 +109,7 @@ class QuantizedMatmul(nn.Module):
         self.ggml_type = qt.ggml_type
         self.out_features, self.in_features = qt.shape
         self._ggml: ggml_cpu.GGMLWeights | None = None  # the prepared C call, made on first use
-        self.int8 = False  # 8-bit activations for batched steps (use_int8_activations)
+        self.int8 = False  # 8-bit activations, every step (use_int8_activations)
         if ggml_cpu.supports(qt.ggml_type):
             self.kind = "ggml"
             self.register_buffer("raw", qt.data)  # the GGUF bytes, shared with an embedding
@@ -164,7 +164,7 @@ class QuantizedParts(nn.Module):
         self.parts = nn.ModuleDict()
         self._ggml: ggml_cpu.GGMLWeights | None = None  # all parts in one C call, on CPU
         self._prepared = False
-        self.int8 = False  # 8-bit activations for batched steps (use_int8_activations)
+        self.int8 = False  # 8-bit activations, every step (use_int8_activations)
 
     def add(self, key: str, qt: QuantizedTensor) -> None:
         self.parts[key] = QuantizedMatmul(qt)
@@ -230,15 +230,23 @@ class QuantizedEmbedding(nn.Module):
 
 def use_int8_activations(model: nn.Module) -> int:
     """Switches every GGML matmul of `model` (before its first forward) to 8-bit activations
-    for steps of 2+ tokens (kernels/ggml_q8.py); returns how many matmuls run on that kernel.
-    Raises ValueError when none does (no GGUF weights on the CPU)."""
-    kinds = (QuantizedMatmul, QuantizedParts, QuantizedEmbedding)
+    (kernels/ggml_q8.py) at every step size, batch-1 decode included: linear layers, the one-call
+    decoder layer (layers/fused_decode.py) and mixture-of-experts experts; returns how many GGML
+    weights that covers. Raises ValueError when none (no GGUF weights on the CPU)."""
+    from axon.layers.fused_moe import QuantizedExperts  # that module imports this one
+
+    kinds = (QuantizedMatmul, QuantizedParts, QuantizedEmbedding, QuantizedExperts)
     switched = 0
     for module in model.modules():
         if isinstance(module, kinds):
             module.int8 = True
         if isinstance(module, QuantizedMatmul) and module.kind == "ggml":
             switched += module.raw.device.type == "cpu"
+        if isinstance(module, QuantizedExperts):
+            switched += sum(
+                qt.data.device.type == "cpu" and ggml_cpu.supports(qt.ggml_type)
+                for qt in module._parts.values()
+            )
     if switched == 0:
         raise ValueError(
             "activation_precision int8 applies to GGUF weights on the CPU; this model has none"

@@ -18,7 +18,7 @@ from axon.layers.quantized import use_int8_activations
 from axon.loader import load_hf_config, progress
 from axon.loader.weights import load_weights
 from axon.models.registry import get_model_class
-from axon.runner import host_memory, images, tensor_parallel
+from axon.runner import adaptive_threads, host_memory, images, tensor_parallel
 from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
 from axon.sampling import Sampler
 from axon.sequence import ImageInputs, Sequence
@@ -74,6 +74,7 @@ class ModelRunner:
             raise
         self.sampler = Sampler()
         self.vocab_size = self.text_config.vocab_size
+        self.thread_tuner = adaptive_threads.for_engine(config, self.device)  # None: fixed count
 
     def close(self) -> None:
         """Stops the other tensor-parallel ranks (rank 0; nothing with a single rank)."""
@@ -330,9 +331,12 @@ class ModelRunner:
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
         """Logits [B, V] (float32) for the rows that sample; with several ranks, every rank
         runs the step (rank 0 sends it the batch) and rank 0's logits are returned."""
-        if self.workers is None:
+        if self.workers is not None:
+            return tensor_parallel.run_step(self, batch)
+        if self.thread_tuner is None:
             return self.run_forward(batch)
-        return tensor_parallel.run_step(self, batch)
+        with self.thread_tuner.step(int(batch.input_ids.shape[0])):  # picks and times the count
+            return self.run_forward(batch)
 
     @torch.inference_mode()
     def run_forward(self, batch: StepBatch) -> torch.Tensor:

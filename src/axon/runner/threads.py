@@ -8,8 +8,10 @@ per region (OMP_WAIT_POLICY=PASSIVE measured 51 vs 67 tok/s on the demo model, a
 3,000-30,000 no better than PASSIVE). On a machine where another process is busy on one core the
 spin turns against us: the thread sharing that core burns its slice spinning and every barrier
 waits for it (PASSIVE measured 1.6x llama.cpp there, the spinning default 0.8x;
-docs/performance.md, "A busy core"). No single setting wins both, so the engine keeps libgomp's
-default wait and a user on a shared machine sets OMP_WAIT_POLICY=PASSIVE, which is passed on.
+docs/performance.md, "A busy core"). No single wait setting wins both, so the engine keeps
+libgomp's default wait and changes the thread count instead, while it runs: one thread fewer
+than cores when that times faster (a busy core), all of them otherwise (`adaptive_threads.py`;
+`adaptive_counts` below says when). A user who sets OMP_NUM_THREADS turns that off.
 
 What axon chooses is the thread count: the cores in this process's affinity mask (taskset, a
 cgroup cpuset), not the machine's count. libgomp reads its environment once, when it is loaded
@@ -69,6 +71,16 @@ def _first_int(value: str | None) -> int | None:
         return max(1, int(value.split(",")[0])) if value else None
     except ValueError:
         return None
+
+
+def adaptive_counts(threads: int) -> tuple[int, int] | None:
+    """(threads, threads - 1), the counts the engine may switch between while it runs
+    (`adaptive_threads.py`), for a process now running `threads` OpenMP threads; None when the
+    user set OMP_NUM_THREADS (their count always wins) or there is no fewer to try."""
+    user = _applied.kept if _applied is not None else os.environ
+    if user.get("OMP_NUM_THREADS") or threads < 2:
+        return None
+    return threads, threads - 1
 
 
 def available_cpus() -> int:

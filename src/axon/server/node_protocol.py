@@ -52,8 +52,10 @@ class EngineArgs(BaseModel):
     image_profile: Literal["native", "fixed448"] | None = None
     # "embed" serves /v1/embeddings only; "auto": embed for a sentence-transformers checkpoint.
     task: Literal["auto", "generate", "embed"] | None = None
-    # "int8": 8-bit activations for batched steps on GGUF weights (EngineConfig).
+    # "int8": 8-bit activations for every step on GGUF weights (EngineConfig).
     activation_precision: Literal["float32", "int8"] | None = None
+    # CPU: n or n - 1 OpenMP threads, whichever steps faster (runner/adaptive_threads.py).
+    adaptive_threads: bool | None = None
 
     _check_size = field_validator("kv_cache_memory", mode="before")(_parse_size)
     _check_fits = field_validator("kv_cache_memory", mode="after")(_fits_the_host)

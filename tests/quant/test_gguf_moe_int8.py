@@ -1,0 +1,70 @@
+"""A Qwen3-MoE GGUF (llama.cpp's converter, Q8_0) through the engine with 8-bit activations: the
+switch reaches every layer's experts and their one-call C path, the logits stay close to the exact
+path, and a prompt's greedy tokens and log-probabilities are the same alone (batch-1 decode) and
+batched with others."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from axon.config import EngineConfig
+from axon.engine.engine_core import EngineCore
+from axon.kernels import cpu_moe, ggml_cpu
+from axon.sampling_params import SamplingParams
+from model.tiny_models import engine_kwargs
+from quant.test_gguf_moe import (  # noqa: F401  (module fixtures)
+    GREEDY_PROMPTS,
+    PROMPTS,
+    _quantized_experts,
+    checkpoint,
+    converter,
+    gguf_files,
+)
+
+pytestmark = pytest.mark.skipif(not ggml_cpu.available(), reason="no C compiler")
+STEPS = 8
+
+
+def _engine(checkpoint, gguf_files, precision: str) -> EngineCore:  # noqa: F811
+    # One step holds every greedy prompt (56 tokens <= cpu_moe.MAX_TOKENS): the experts always
+    # take the C call, alone and batched alike.
+    kwargs = engine_kwargs(checkpoint, block_size=4, max_num_batched_tokens=64)
+    kwargs.pop("model")
+    config = EngineConfig.from_kwargs(
+        str(gguf_files["q8_0"]), activation_precision=precision, **kwargs
+    )
+    return EngineCore(config)
+
+
+def test_int8_reaches_the_experts_and_stays_close(checkpoint, gguf_files):  # noqa: F811
+    exact = _engine(checkpoint, gguf_files, "float32")
+    int8 = _engine(checkpoint, gguf_files, "int8")
+    want, got = exact.forward_logits(PROMPTS), int8.forward_logits(PROMPTS)
+    for w, g in zip(want, got, strict=True):
+        assert not torch.equal(w, g)
+        assert float((w - g).abs().max()) <= 0.1 * float(w.abs().max())
+    layers = [m for m in int8.runner.model.modules() if hasattr(m, "_c_experts")]
+    assert layers and all(m.int8 for m in _quantized_experts(int8))
+    for layer in layers:  # prepared by the steps above, with 8-bit activations
+        assert isinstance(layer._c_experts, cpu_moe.ExpertWeights) and layer._c_experts.int8
+    assert not any(
+        m._c_experts.int8 for m in exact.runner.model.modules() if hasattr(m, "_c_experts")
+    )
+
+
+def _greedy(engine: EngineCore, prompts: list[list[int]]) -> list:
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logprobs=3)
+    seqs = [engine.add_request(f"g-{i}", p, params)[0] for i, p in enumerate(prompts)]
+    while not all(seq.is_finished for seq in seqs):
+        engine.step()
+    return [(seq.output_token_ids, seq.output_logprobs) for seq in seqs]
+
+
+def test_int8_greedy_does_not_depend_on_the_batch(checkpoint, gguf_files):  # noqa: F811
+    engine = _engine(checkpoint, gguf_files, "int8")
+    together = _greedy(engine, GREEDY_PROMPTS)
+    for prompt, batched in zip(GREEDY_PROMPTS, together, strict=True):
+        engine.reset_prefix_cache()
+        (alone,) = _greedy(engine, [prompt])
+        assert alone == batched, f"prompt of {len(prompt)}"
