@@ -37,17 +37,8 @@ def test_c_experts_on_two_threads_equal_one_thread_to_the_bit():
     x, w_gate_up, w_down, logits = _random_experts(4, hidden=256, inter=256, tokens=3)
     weights, ids = select_experts(logits, TOP_K, renormalize=True)
     layer = _quantized_layer(w_gate_up, w_down, GGMLQuantizationType.Q4_K)
-    experts = layer._c_path(x)
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        results = []
-        for parallel in (False, True):
-            experts.parallel = parallel
-            results.append(layer(x, weights, ids))
-    finally:
-        torch.set_num_threads(previous)
-    assert torch.equal(results[0], results[1])
+    one, two = on_one_and_two_threads(layer, x, weights, ids)
+    assert torch.equal(one, two)
 
 
 @needs_c_kernels
@@ -92,3 +83,18 @@ def test_sparse_layers_decode_in_c_and_match_transformers(tiny_model_root):
     for layer in sparse:  # both C calls were prepared, so decode steps took them
         assert isinstance(layer._fused_attention_spec, fused_decode._Layer)
         assert layer.mlp._c_router[1] is not None
+
+
+def on_one_and_two_threads(layer, x, weights, ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's C experts run serially, then with their parallel region on 2 threads."""
+    experts = layer._c_path(x)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        results = []
+        for parallel in (False, True):
+            experts.parallel = parallel
+            results.append(layer(x, weights, ids))
+    finally:
+        torch.set_num_threads(previous)
+    return results[0], results[1]

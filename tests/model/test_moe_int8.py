@@ -20,6 +20,7 @@ from axon.layers.norm import RMSNorm
 from axon.layers.quantized import use_int8_activations
 
 from .test_moe import NUM_EXPERTS, TOP_K, _quantized_layer, _random_experts, needs_c_kernels
+from .test_moe_decode import on_one_and_two_threads
 
 pytestmark = needs_c_kernels
 HIDDEN = INTER = 256  # whole Q8_K blocks
@@ -97,17 +98,8 @@ def test_a_tokens_int8_experts_do_not_depend_on_the_batch():
 
 def test_int8_c_experts_on_two_threads_equal_one_thread_to_the_bit():
     layer, x, weights, ids = _int8_layer(Q.Q4_K, tokens=3, seed=4)
-    experts = layer._c_path(x)
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        results = []
-        for parallel in (False, True):
-            experts.parallel = parallel
-            results.append(layer(x, weights, ids))
-    finally:
-        torch.set_num_threads(previous)
-    assert torch.equal(results[0], results[1])
+    one, two = on_one_and_two_threads(layer, x, weights, ids)
+    assert torch.equal(one, two)
 
 
 @pytest.mark.parametrize("tokens", [1, 5])
