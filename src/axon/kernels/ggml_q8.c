@@ -46,20 +46,17 @@ enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_
 #define PANEL 8 /* rows per panel: one per 32-bit lane of a 256-bit vector */
 #define UNIT 2  /* panels per unit of work: a broadcast activation serves 16 rows */
 #define GEMV_ROWS 32 /* rows per unit of work for one token: an octet alone is ~0.3 us */
-/* One token, rows of at most this many blocks are read one after the other, not 8 side by
- * side: 8 short interleaved streams (a 1024-wide Q8_0 row is 1088 bytes) left the hardware
- * prefetcher retraining on every row, ~9.5 GB/s from memory against 15 for one row at a time. */
+/* One token, K-quant rows of at most this many blocks are read one after the other, not 8 side
+ * by side: 8 short interleaved streams left the hardware prefetcher retraining on every row.
+ * Legacy rows go 8 side by side with the 8 rows' run prefetched as one line (gemv_32). */
 #ifndef SEQ_BLOCKS_K
 #define SEQ_BLOCKS_K 12 /* K-quants: up to 3072 wide (4096: 8 side by side were faster) */
-#endif
-#ifndef SEQ_BLOCKS_32
-#define SEQ_BLOCKS_32 32 /* legacy formats: up to 1024 wide (2048: no faster than 8 side by side) */
 #endif
 #ifndef SEQ_PREFETCH
 #define SEQ_PREFETCH 4096 /* bytes ahead of the walk, a straight line through the rows */
 #endif
-#ifndef SEQ_PREFETCH_32
-#define SEQ_PREFETCH_32 0 /* legacy: none (a prefetch per 18-34 byte block cost Q8_0 ~15 %) */
+#ifndef PF32_AHEAD
+#define PF32_AHEAD 12288 /* legacy, one token: bytes ahead of the rows (2-8, 24 KiB: slower) */
 #endif
 #define TILE 6  /* tokens per tile: a loaded weight vector serves 6 tokens (4: Q8_0 ran ~1/3 slower) */
 #define NOINLINE static __attribute__((noinline))
@@ -852,10 +849,11 @@ INLINE void gemv_k_rows(const int type, const uint8_t *w, int64_t row_bytes, int
 static inline __m256i row_32(int type, const uint8_t *b, __m256i q, __m256i qu) {
     const __m256i codes = codes_32(type, b), zero = _mm256_setzero_si256();
     if (type != Q8_0) return dot_u(zero, codes, q);
-#ifdef Q8_VNNI
-    return _mm256_sub_epi32(dot_s(zero, codes, qu), dot_s(zero, codes, _mm256_set1_epi8((char)0x80)));
-#else
     (void)qu;
+#ifdef Q8_VNNI
+    /* The signs moved onto q (finite activations: |q| <= 127): one dpbusd, not two and a sub. */
+    return _mm256_dpbusd_epi32(zero, _mm256_abs_epi8(codes), _mm256_sign_epi8(q, codes));
+#else
     return dot_s(zero, codes, q);
 #endif
 }
@@ -864,15 +862,20 @@ static inline __m256i row_32(int type, const uint8_t *b, __m256i q, __m256i qu) 
 INLINE void gemv_32(const int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
                     const Token *x, float *y) {
     const int bytes = q8_bytes(type);
+    /* The 8 rows lie in one run of 8 row_bytes: prefetched as one stream, PF32_AHEAD bytes on,
+     * the run's lines in step with the blocks (one prefetch per line, not per block and row). */
+    const int64_t run = PANEL * row_bytes, step = PANEL * bytes;
+    const uint8_t *pf = w + PF32_AHEAD;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t k = 0; k < blocks; k++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k));
         const __m256i qu = _mm256_loadu_si256((const __m256i *)(x->qu + 32 * k));
+        for (int64_t at = (k * step + 63) & ~(int64_t)63; at < (k + 1) * step && at < run; at += 64)
+            __builtin_prefetch(pf + at);
         __m256i isum[PANEL];
         const uint8_t *b[PANEL];
         for (int r = 0; r < PANEL; r++) {
             b[r] = w + (r < count ? r : count - 1) * row_bytes + k * bytes;
-            prefetch_ahead(b[r], bytes, row_bytes);
             isum[r] = row_32(type, b[r], q, qu);
         }
         const __m256 d = f16_lanes(b, 0);
@@ -886,51 +889,25 @@ INLINE void gemv_32(const int type, const uint8_t *w, int64_t row_bytes, int cou
     store_rows(acc, y, count);
 }
 
-/* gemv_32 for rows of at most SEQ_BLOCKS_32 blocks, in gemv_k_rows' order. */
-INLINE void gemv_32_rows(const int type, const uint8_t *w, int64_t row_bytes, int count,
-                         int64_t blocks, const Token *x, float *y) {
-    const int bytes = q8_bytes(type);
-    __m256i isum[SEQ_BLOCKS_32][PANEL];
-    uint16_t dh[SEQ_BLOCKS_32][PANEL] = {{0}}, mh[SEQ_BLOCKS_32][PANEL] = {{0}}; /* fp16 d, m */
-    for (int r = 0; r < PANEL; r++)
-        for (int64_t k = 0; k < blocks; k++) {
-            const uint8_t *b = w + r * row_bytes + k * bytes;
-            if (r >= count) {
-                isum[k][r] = _mm256_setzero_si256();
-                continue;
-            }
-            for (int line = 0; SEQ_PREFETCH_32 && line < bytes; line += 64) __builtin_prefetch(b + SEQ_PREFETCH_32 + line);
-            memcpy(&dh[k][r], b, 2);
-            if (type == Q4_1 || type == Q5_1) memcpy(&mh[k][r], b + 2, 2);
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(x->q + 32 * k));
-            isum[k][r] = row_32(type, b, q, _mm256_loadu_si256((const __m256i *)(x->qu + 32 * k)));
-        }
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t k = 0; k < blocks; k++) {
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh[k]));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum[k])), _mm256_mul_ps(d, _mm256_set1_ps(x->d[k])), acc);
-        if (type == Q8_0) continue;
-        /* legacy_bias's steps, lane by lane */
-        const __m256 bias = type == Q4_1 || type == Q5_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh[k]))
-                                                         : _mm256_mul_ps(_mm256_set1_ps(type == Q4_0 ? -8.0f : -16.0f), d);
-        acc = _mm256_fmadd_ps(bias, _mm256_set1_ps(((const float *)x->sums)[k]), acc);
-    }
-    store_rows(acc, y, count);
-}
-
 /* One compiled loop per type: the per-block branches on the type fold away. Short rows one
  * after the other, long ones (each a long stream) 8 side by side: no buffer of partial sums. */
 #define GEMV_FN(T, body)                                                                          \
     NOINLINE void gemv_##T(const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,       \
                            const Token *x, float *y) {                                            \
-        if (blocks <= (is_k(T) ? SEQ_BLOCKS_K : SEQ_BLOCKS_32))                                   \
+        if (blocks <= SEQ_BLOCKS_K)                                                                \
             body##_rows(T, w, row_bytes, count, blocks, x, y);                                    \
         else                                                                                      \
             body(T, w, row_bytes, count, blocks, x, y);                                           \
     }
 GEMV_FN(Q4_K, gemv_k) GEMV_FN(Q5_K, gemv_k) GEMV_FN(Q6_K, gemv_k)
-GEMV_FN(Q4_0, gemv_32) GEMV_FN(Q4_1, gemv_32) GEMV_FN(Q5_0, gemv_32) GEMV_FN(Q5_1, gemv_32)
-GEMV_FN(Q8_0, gemv_32)
+/* Legacy rows of any length 8 side by side: row after row with their sums kept ran Q8_0 at
+ * ~60 % of the exact path from memory (and at half gemv_32's speed from cache). */
+#define GEMV32_FN(T)                                                                              \
+    NOINLINE void gemv_##T(const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,       \
+                           const Token *x, float *y) {                                            \
+        gemv_32(T, w, row_bytes, count, blocks, x, y);                                            \
+    }
+GEMV32_FN(Q4_0) GEMV32_FN(Q4_1) GEMV32_FN(Q5_0) GEMV32_FN(Q5_1) GEMV32_FN(Q8_0)
 
 typedef void (*gemv_fn)(const uint8_t *, int64_t, int, int64_t, const Token *, float *);
 static gemv_fn gemv_of(int type) {
