@@ -140,9 +140,10 @@ def test_tile_edges_match_one_token_calls(qtype):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_one_token_row_walks_match_the_batch(qtype):
-    """One token walks short rows one after the other (K-quants up to 12 blocks, legacy up to 32)
-    and longer rows 8 side by side: on both sides of the switch, with 21 rows (a last octet of
-    5), a token alone is bit for bit its row of a batch, and close to the reference twin."""
+    """One token walks short K-quant rows (up to 12 blocks) one after the other and longer ones
+    8 side by side (legacy rows always side by side; 32 and 33 blocks still cover two widths):
+    with 21 rows (a last octet of 5), a token alone is bit for bit its row of a batch, and close
+    to the reference twin."""
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     wide = torch.cat([_raw_tensor(qtype, seed=s) for s in range(7)], dim=1)  # [48, 7 rows' bytes]
     lib = ggml_q8._library()

@@ -16,8 +16,9 @@
  * (VNNI dpbusd: 8 rows' 4-term dot products in one instruction; AVX2: maddubs + madd). A tile
  * is 2 panels (16 rows) x up to 6 tokens: every loaded weight vector serves 6 tokens, every
  * broadcast 16 rows. Threads take units of 16 rows (dynamically). One token skips the panels:
- * 8 rows at a time straight from the blocks (gemv_k, gemv_32), the same float steps; rows of
- * up to 3072 (K-quants) or 1024 (legacy) values are read one after the other (*_rows).
+ * 8 rows at a time straight from the blocks (gemv_k, gemv_32), the same float steps, each
+ * thread a contiguous share of the rows; K-quant rows of up to 3072 values are read one after
+ * the other (gemv_k_rows), legacy rows always 8 side by side.
  *
  * Per block of one row and one token, with exact integer sums isum and msum:
  *   K-quants: acc = fma(isum, d_w d_x, acc); acc = fma(-msum, dmin_w d_x, acc), where
@@ -889,8 +890,8 @@ INLINE void gemv_32(const int type, const uint8_t *w, int64_t row_bytes, int cou
     store_rows(acc, y, count);
 }
 
-/* One compiled loop per type: the per-block branches on the type fold away. Short rows one
- * after the other, long ones (each a long stream) 8 side by side: no buffer of partial sums. */
+/* One compiled loop per type: the per-block branches on the type fold away. Short K-quant rows
+ * one after the other, long ones (each a long stream) 8 side by side: no buffer of partial sums. */
 #define GEMV_FN(T, body)                                                                          \
     NOINLINE void gemv_##T(const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,       \
                            const Token *x, float *y) {                                            \
