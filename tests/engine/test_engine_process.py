@@ -26,6 +26,37 @@ def run(coro):
     return asyncio.run(coro)
 
 
+@pytest.fixture(scope="module")
+def loop():
+    """The event loop of the module's shared engine (a client lives on one loop). Between
+    tests it does not run: the engine's heartbeats wait in the pipe, well inside the default
+    step deadline (120 s) that the client checks when the loop runs again."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def on(loop, coro):
+    """Runs `coro` on `loop` (the shared engine's) and returns its result."""
+    return loop.run_until_complete(coro)
+
+
+@pytest.fixture(scope="module")
+def shared(tiny, loop):
+    """(client, load progress reports) of one engine for the tests that leave it as they found
+    it (no fault, no kill, no stop): an engine start is ~3 CPU-s. Its clean exit is checked
+    when the module is done with it."""
+    reports: list[tuple[int, int]] = []
+    config = EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS)
+    client = on(loop, EngineClient.start(config, on_progress=lambda *r: reports.append(r)))
+    yield client, reports
+    # Let the loop read the heartbeats that came while it did not run, or shutdown would take
+    # the engine for a silent one and kill it.
+    on(loop, asyncio.sleep(2 * client.liveness.heartbeat_s))
+    on(loop, client.shutdown())
+    assert not client.process.is_alive() and client.process.exitcode == 0
+
+
 async def _collect(client: EngineClient, request_id: str, prompt: list[int], params) -> dict:
     tokens: dict[int, list[int]] = {}
     reasons: dict[int, str] = {}
@@ -37,7 +68,8 @@ async def _collect(client: EngineClient, request_id: str, prompt: list[int], par
     return {"tokens": tokens, "reasons": reasons}
 
 
-def test_generation_matches_the_in_process_engine(tiny):
+def test_generation_matches_the_in_process_engine(tiny, shared, loop):
+    client, reports = shared
     prompts = random_prompts((5, 17, 33), seed=3)
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True)
     expected = [
@@ -47,22 +79,13 @@ def test_generation_matches_the_in_process_engine(tiny):
         )
     ]
 
-    reports: list[tuple[int, int]] = []
-
     async def main():
-        config = EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS)
-        client = await EngineClient.start(config, on_progress=lambda *r: reports.append(r))
-        try:
-            results = await asyncio.gather(
-                *(_collect(client, f"r{i}", p, params) for i, p in enumerate(prompts))
-            )
-            memory = await client.call("memory")
-            stats = await client.call("stats")
-        finally:
-            await client.shutdown()
-        return results, memory, stats, client
+        results = await asyncio.gather(
+            *(_collect(client, f"r{i}", p, params) for i, p in enumerate(prompts))
+        )
+        return results, await client.call("memory"), await client.call("stats")
 
-    results, memory, stats, client = run(main())
+    results, memory, stats = on(loop, main())
     # The engine reported its weight loading, ending at the checkpoint's size.
     total = sum(f.stat().st_size for f in tiny.path.glob("*.safetensors"))
     assert reports and reports[-1] == (total, total)
@@ -71,24 +94,21 @@ def test_generation_matches_the_in_process_engine(tiny):
     assert all(r["reasons"][0] == "length" for r in results)
     assert tuple(memory) == (0, 0)  # CPU: no device memory to report, as neuron does
     assert stats["num_running"] == 0 and stats["num_free_blocks"] == stats["num_blocks"]
-    assert not client.process.is_alive() and client.process.exitcode == 0
 
 
-def test_abort_frees_blocks_within_a_step(tiny):
+def test_abort_frees_blocks_within_a_step(shared, loop):
+    client, _ = shared
+
     async def main():
-        client = await EngineClient.start(EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS))
-        try:
-            params = SamplingParams(max_tokens=200, ignore_eos=True)
-            stream = client.generate("long", random_prompts((40,), seed=1)[0], params)
-            await stream.__anext__()
-            busy = await client.call("stats")
-            await stream.aclose()  # the client went away
-            idle = await client.call("stats")
-        finally:
-            await client.shutdown()
+        params = SamplingParams(max_tokens=200, ignore_eos=True)
+        stream = client.generate("long", random_prompts((40,), seed=1)[0], params)
+        await stream.__anext__()
+        busy = await client.call("stats")
+        await stream.aclose()  # the client went away
+        idle = await client.call("stats")
         return busy, idle
 
-    busy, idle = run(main())
+    busy, idle = on(loop, main())
     assert busy["num_running"] == 1 and busy["num_free_blocks"] < busy["num_blocks"]
     assert idle["num_running"] == 0 and idle["num_free_blocks"] == idle["num_blocks"]
 
@@ -140,24 +160,20 @@ def test_fault_classification():
         assert not is_device_fault(outer)  # the cause chain is read, as neuron does
 
 
-def test_a_failed_add_fails_its_request_whatever_the_exception(tiny):
+def test_a_failed_add_fails_its_request_whatever_the_exception(shared, loop):
     """An `add` the engine cannot take ends its request with an error: before, only a ValueError
     did, and any other exception left the request waiting forever."""
+    client, _ = shared
 
     async def main():
-        client = await EngineClient.start(EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS))
-        try:
-            params = SamplingParams(max_tokens=4)
-            object.__setattr__(params, "n", "1")  # range("1") in the engine: a TypeError
-            with pytest.raises(EngineError, match="TypeError"):
-                await asyncio.wait_for(_collect(client, "bad", [5, 6, 7], params), 30)
-            params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-            good = await _collect(client, "good", [5, 6, 7], params)
-        finally:
-            await client.shutdown()
-        return good
+        params = SamplingParams(max_tokens=4)
+        object.__setattr__(params, "n", "1")  # range("1") in the engine: a TypeError
+        with pytest.raises(EngineError, match="TypeError"):
+            await asyncio.wait_for(_collect(client, "bad", [5, 6, 7], params), 30)
+        params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+        return await _collect(client, "good", [5, 6, 7], params)
 
-    assert len(run(main())["tokens"][0]) == 3
+    assert len(on(loop, main())["tokens"][0]) == 3
 
 
 def test_a_failed_step_fails_only_its_own_requests(tiny):
@@ -297,8 +313,9 @@ def test_a_load_past_its_deadline_is_killed(tiny):
         with pytest.raises(EngineLoadTimeout, match="did not load within 0.5s"):
             await EngineClient.start(config, liveness=liveness)
 
+    before = _engine_children()  # the module's shared engine may be one
     run(main())
-    assert not _engine_children()
+    assert _engine_children() == before
 
 
 def test_a_cancelled_start_kills_the_half_started_engine(tiny):
@@ -308,13 +325,14 @@ def test_a_cancelled_start_kills_the_half_started_engine(tiny):
         config = EngineConfig.from_kwargs(str(tiny.path), **ENGINE_ARGS)
         start = asyncio.ensure_future(EngineClient.start(config))
         await asyncio.sleep(0.5)
-        assert _engine_children()
+        assert _engine_children() - before
         start.cancel()
         with pytest.raises(asyncio.CancelledError):
             await start
 
+    before = _engine_children()  # the module's shared engine may be one
     run(main())
-    assert not _engine_children()
+    assert _engine_children() == before
 
 
 def test_shutdown_kills_a_silent_engine_without_waiting_for_it(tiny):
@@ -335,8 +353,8 @@ def test_shutdown_kills_a_silent_engine_without_waiting_for_it(tiny):
     assert client.process.exitcode == -signal.SIGKILL and elapsed < 10
 
 
-def _engine_children() -> list[int]:
+def _engine_children() -> set[int]:
     """This process's live engine children (multiprocessing spawn)."""
     import multiprocessing
 
-    return [child.pid for child in multiprocessing.active_children()]
+    return {child.pid for child in multiprocessing.active_children()}

@@ -11,6 +11,7 @@ import torch
 from axon.config import EngineConfig
 from axon.engine.engine_core import EngineCore
 from axon.kernels import cpu_moe, ggml_cpu
+from axon.layers import fused_moe_decode
 from axon.sampling_params import SamplingParams
 from model.tiny_models import engine_kwargs
 from quant.test_gguf_moe import (  # noqa: F401  (module fixtures)
@@ -68,3 +69,27 @@ def test_int8_greedy_does_not_depend_on_the_batch(checkpoint, gguf_files):  # no
         engine.reset_prefix_cache()
         (alone,) = _greedy(engine, [prompt])
         assert alone == batched, f"prompt of {len(prompt)}"
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+def test_one_call_sparse_layer_equals_its_two_halves(
+    checkpoint,  # noqa: F811
+    gguf_files,  # noqa: F811
+    precision,
+    monkeypatch,
+):
+    """Quantized experts, exact or with 8-bit activations: the decode step's layers in one C
+    call (layers/fused_moe_decode.py) give the tokens and log-probabilities of each layer's
+    attention half and MLP half called one after the other, to the bit."""
+    engine = _engine(checkpoint, gguf_files, precision)
+    one_call = _greedy(engine, GREEDY_PROMPTS)
+    layers = [layer for layer in engine.runner.model.model.layers if layer.is_sparse]
+    assert layers and all(
+        isinstance(layer._sparse_decode_plan, fused_moe_decode._Plan) for layer in layers
+    )
+    assert all(layer._sparse_decode_plan.experts.int8 == (precision == "int8") for layer in layers)
+    assert isinstance(engine.runner.model.model.layers._decode_stack, fused_moe_decode._Stack)
+    for name in ("run_stack", "run"):  # each layer's halves, one C call each
+        monkeypatch.setattr(fused_moe_decode, name, lambda *args: None)
+    engine.reset_prefix_cache()
+    assert _greedy(engine, GREEDY_PROMPTS) == one_call

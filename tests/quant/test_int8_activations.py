@@ -175,6 +175,37 @@ def test_fused_parts_one_token_matches_the_batch():
     assert float((batch - want).abs().max()) <= 2e-6 * float(want.abs().max())
 
 
+def test_panels_prefetching_the_next_unit_match_one_token_calls():
+    """A panel's decode prefetches the rows 16 x threads on (up to a part's end): parts of 91
+    rows (five units and a short one) in one call, 16 tokens as a c16 decode step, every thread
+    count gives each token's row bit for bit as its one-token call."""
+    parts = [(int(t), torch.cat([_raw_tensor(t, seed=s), _raw_tensor(t, seed=s + 1)])[:91])
+             for s, t in enumerate((Q.Q6_K, Q.Q8_0, Q.Q4_K))]  # fmt: skip
+    weights = ggml_cpu.GGMLWeights([(t, raw.contiguous()) for t, raw in parts], COLS, int8=True)
+    lib = ggml_q8._library()
+    x = _x(16, seed=17)
+    alone = torch.cat([_q8_call(lib, weights, x[t : t + 1]) for t in range(16)])
+    for threads in (1, 2, 3):
+        assert torch.equal(_q8_call(lib, weights, x, threads), alone), threads
+    want = torch.cat([ggml_q8.matmul_ref(x, raw, t, COLS) for t, raw in parts], dim=1)
+    assert float((alone - want).abs().max()) <= 2e-6 * float(want.abs().max())
+
+
+def test_long_steps_in_token_passes_match_short_calls():
+    """Past 512 KiB of int8 activations (1024 tokens at 512 columns) the rows are swept in passes
+    of tokens: a 1030-token call gives each token the bits of shorter calls and one-token calls."""
+    weights = ggml_cpu.GGMLWeights([(int(Q.Q4_K), _raw_tensor(Q.Q4_K)[:EDGE_ROWS].contiguous())],
+                                   COLS, int8=True)  # fmt: skip
+    lib = ggml_q8._library()
+    x = torch.randn(1030, COLS, generator=torch.Generator().manual_seed(19))
+    whole = _q8_call(lib, weights, x, threads=2)
+    assert torch.equal(
+        whole, torch.cat([_q8_call(lib, weights, x[:500]), _q8_call(lib, weights, x[500:])])
+    )
+    for t in (1023, 1024, 1029):
+        assert torch.equal(_q8_call(lib, weights, x[t : t + 1])[0], whole[t]), t
+
+
 def _build_variant(flags: tuple[str, ...]) -> ctypes.CDLL:
     """ggml_q8.c alone, built with `flags` (cached by source and flags)."""
     source = Path(ggml_q8.__file__).with_suffix(".c")

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from axon.cache_dir import cache_dir
 from axon.config import EngineConfig
 from axon.engine.client import Liveness
 from axon.engine.spawn import SpawnedEngine
@@ -75,7 +76,13 @@ def tiny_gguf(tmp_path, monkeypatch) -> Path:
     """A tiny GGUF whose tokenizer is already in axon's cache (a machine it has run on)."""
     path = (tmp_path / "tiny-q8_0.gguf").resolve()
     write_gguf(build_gguf_model("qwen3"), "qwen3", Q.Q8_0, path)
+    kernels = cache_dir() / "kernels"  # the machine's, before the cache moves
     monkeypatch.setenv("AXON_CACHE_DIR", str(tmp_path / "cache"))  # the server inherits it
+    # The compiled C kernels are the machine's own (scripts/setup.sh builds them): an empty
+    # kernel cache would have the engine compile them again (~8 CPU-s), which is not tested here.
+    kernels.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "kernels").symlink_to(kernels, target_is_directory=True)
     load_gguf_tokenizer(path)
     return path
 

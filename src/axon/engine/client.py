@@ -1,20 +1,24 @@
 """The HTTP process's handle on one engine process (the model's device worker).
 
-A reader thread receives the engine's messages and hands them to the asyncio loop; a writer
-thread sends (pickling included), so a large message never blocks the event loop on a full
-pipe. Requests stream TokenUpdates through per-request queues, commands await per-call futures.
+The asyncio loop reads the engine's pipe itself, without blocking: it takes whatever bytes are
+there and unpickles a message only once it is whole (`PipeReader`), so an engine stopped in the
+middle of a message never holds up the loop, and a step's updates cost the HTTP process one
+wake-up (a reader thread cost a second thread's wake-up, a GIL hand-over and a self-pipe write
+per token, all on the engine's core at concurrency 1). A writer thread sends (pickling
+included), so a large message never blocks the event loop on a full pipe. Requests stream
+TokenUpdates through per-request queues, commands await per-call futures.
 
-Liveness: the reader waits on the pipe and on the process sentinel together, so a killed engine
-is noticed at once, and it keeps a deadline: an engine that sends nothing (no update, no
-heartbeat) for `step_timeout_s` is wedged (a step that never returns, a stopped process), and is
-killed. Either way every in-flight request and call fails with EngineError and `on_poisoned`
-fires, which makes the registry recover the model.
+Liveness: the loop watches the process sentinel too, so a killed engine is noticed at once, and
+keeps a deadline: an engine that sends nothing (no update, no heartbeat) for `step_timeout_s` is
+wedged (a step that never returns, a stopped process), and is killed. Either way every
+in-flight request and call fails with EngineError and `on_poisoned` fires, which makes the
+registry recover the model.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import itertools
 import logging
 import multiprocessing as mp
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from axon.engine.pipe_reader import PipeReader, WireLogprobs
 from axon.engine.spawn import SpawnedEngine, kill_group
 from axon.outputs import TokenUpdate
 from axon.sampling_params import SamplingParams
@@ -75,14 +80,17 @@ class EngineClient:
         self.closing = False  # shutdown asked for: the engine's exit is expected
         self.on_poisoned: Callable[[str], None] | None = None
         self.last_heard = time.monotonic()
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._streams: dict[str, Inbox] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._reader = threading.Thread(target=self._read_loop, name="engine-reader", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name="engine-writer", daemon=True)
-        self._reader.start()
         self._writer.start()
+        self._pipe = PipeReader(conn)
+        self._watching = True
+        self.loop.add_reader(self._pipe.fileno(), self._on_readable)
+        self.loop.add_reader(process.sentinel, self._on_exit)
+        self._deadline = self.loop.call_later(liveness.heartbeat_s / 2, self._check_deadline)
 
     @classmethod
     async def start(
@@ -126,56 +134,62 @@ class EngineClient:
 
     # ---- messages from the engine -----------------------------------------------------------
 
-    def _read_loop(self) -> None:
-        sentinel, tick = self.process.sentinel, self.liveness.heartbeat_s / 2
-        while True:
-            try:
-                ready = mp.connection.wait([self.conn, sentinel], timeout=tick)
-                if self.conn in ready:
-                    message = self.conn.recv()
-                    self.last_heard = time.monotonic()
-                    self._call_soon(self._dispatch, message)
-                    continue
-            except (EOFError, OSError):
-                ready = [sentinel]
-            except Exception as exc:  # noqa: BLE001 - an unreadable message: trust it no more
-                self._lost(f"unreadable message from the engine: {exc!r}", kill=True)
-                return
-            if sentinel in ready:
-                self._drain_after_exit()
-                self.process.join(1)  # for its exit code
-                self._lost(f"engine process died (exit code {self.process.exitcode})")
-                return
-            if time.monotonic() - self.last_heard > self.liveness.step_timeout_s:
-                self._lost(
-                    f"engine missed its step deadline ({self.liveness.step_timeout_s:g}s "
-                    "without progress or heartbeat); it was killed",
-                    kill=True,
-                )
-                return
+    def _on_readable(self, max_bytes: int | None = None) -> None:
+        try:
+            messages = self._pipe.read(max_bytes)
+        except Exception as exc:  # noqa: BLE001 - an unreadable message: trust it no more
+            self._lost(f"unreadable message from the engine: {exc!r}", kill=True)
+            return
+        if messages:
+            self.last_heard = time.monotonic()
+        for message in messages:
+            self._dispatch(message)
+        if self._pipe.eof and self._watching:  # the sentinel says why (or the deadline)
+            self.loop.remove_reader(self._pipe.fileno())
 
-    def _drain_after_exit(self) -> None:
-        """What the engine wrote before it exited (a `failed` for its requests) still counts."""
-        with contextlib.suppress(EOFError, OSError):
-            while self.conn.poll(0):
-                self._call_soon(self._dispatch, self.conn.recv())
+    def _on_exit(self) -> None:
+        """The process exited: what it wrote before (a `failed` for its requests) still
+        counts, then everything still waiting on it fails."""
+        if self._watching:
+            self._on_readable(max_bytes=0)  # all of it, however long
+        self.process.join(0)  # it has exited: this only collects the exit code
+        self._lost(f"engine process died (exit code {self.process.exitcode})")
+
+    def _check_deadline(self) -> None:
+        silent_s = time.monotonic() - self.last_heard
+        if silent_s <= self.liveness.step_timeout_s:
+            self._deadline = self.loop.call_later(
+                self.liveness.heartbeat_s / 2, self._check_deadline
+            )
+            return
+        self._lost(
+            f"engine missed its step deadline ({self.liveness.step_timeout_s:g}s "
+            "without progress or heartbeat); it was killed",
+            kill=True,
+        )
+
+    def _stop_watching(self) -> None:
+        if self._watching:
+            self._watching = False
+            self._deadline.cancel()
+            self.loop.remove_reader(self._pipe.fileno())
+            self.loop.remove_reader(self.process.sentinel)
 
     def _lost(self, reason: str, kill: bool = False) -> None:
+        self._stop_watching()
         if kill:
             self.kill()
-        self._call_soon(self._on_dead, reason)
-
-    def _call_soon(self, callback, *args) -> None:
-        # RuntimeError: the event loop is closed, nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(callback, *args)
+        self._on_dead(reason)
 
     def _dispatch(self, message: tuple) -> None:
         kind = message[0]
         if kind == "updates":
-            for update in message[1]:
-                stream = self._streams.get(update.request_id)
+            for fields in message[1]:  # engine_proc.wire_update
+                stream = self._streams.get(fields[0])
                 if stream is not None:
+                    update = TokenUpdate(*fields)
+                    if update.logprobs is not None:
+                        update.logprobs = WireLogprobs(*update.logprobs)
                     stream.put_nowait(update)
         elif kind == "failed":
             for request_id in message[1]:
@@ -241,7 +255,7 @@ class EngineClient:
         """Submit a request now; iterate the result for its TokenUpdates until all `n` samples
         finish. Closing it early (aclose, or leaving an `async for`) aborts the request.
         `images`: {"pixel_values", "grid_thw"} for a prompt with expanded image placeholders."""
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = Inbox(self.loop)
         self._streams[request_id] = stream
         message = ("add", None, request_id, prompt_token_ids, params)
         try:
@@ -286,8 +300,11 @@ class EngineClient:
         if self.process.is_alive():
             self.kill()
             await asyncio.to_thread(self.process.join, 5)
-        await asyncio.to_thread(self._reader.join, 5)
+        if self._watching and not self.process.is_alive():
+            self._on_exit()
+        self._stop_watching()
         self._outbox.put(None)
+        self._pipe.close()
         self.conn.close()
 
     def kill(self) -> None:
@@ -321,11 +338,38 @@ async def _first_message(conn, process, timeout_s: float, on_progress=None) -> t
             raise EngineLoadTimeout(f"the engine did not load within {timeout_s:g}s; it was killed")
 
 
+class Inbox:
+    """One request's TokenUpdates (or the EngineError that ends them) waiting to be read: an
+    unbounded queue with at most one reader, so a put is a deque append plus waking that
+    reader's future, and a get of an item already there does not suspend."""
+
+    __slots__ = ("loop", "items", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.items: collections.deque = collections.deque()
+        self.waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item) -> None:
+        self.items.append(item)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self):
+        while not self.items:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return self.items.popleft()
+
+
 class RequestStream:
     """The TokenUpdates of one submitted request, as an async iterator that aborts the request
     in the engine when closed before every sample finished."""
 
-    def __init__(self, client: EngineClient, request_id: str, updates: asyncio.Queue, n: int):
+    def __init__(self, client: EngineClient, request_id: str, updates: Inbox, n: int):
         self.client, self.request_id, self.updates, self.n = client, request_id, updates, n
         self.finished: set[int] = set()
         self.closed = False

@@ -30,6 +30,12 @@ void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cac
 void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
                       int kind);
 
+/* Multiply-adds of decode attention from which it runs on the step's threads. Lower than
+ * cpu_ops.py's PARALLEL_MIN_WORK (1 << 18, for a call from Python, whose second thread may have
+ * gone to sleep): here the qkv projection's parallel region has just ended, its threads still
+ * spin, and 2 threads already beat 1 at 16 heads x 32 keys x 64 (10 -> 7 us; 96 keys: 24 -> 14). */
+#define ATTENTION_MIN_WORK (1 << 15)
+
 /* A projection: up to 3 GGML (or float32) weights side by side in the output; int8: 8-bit
  * activations (ggml_q8.c), as the layer's GGMLWeights chose (activation_precision="int8"). */
 typedef struct {
@@ -113,7 +119,7 @@ int axon_decode_attention(const Layer *l, float *hidden, int64_t tokens, const i
     const int64_t work = tokens * l->heads * width * D;
     axon_paged_decode_attention(q, qkv_width, l->k_cache, l->v_cache, key_slots, width, lens,
                                 tokens, l->heads, l->kv_heads, D, l->scale, l->softcap,
-                                l->window, attn, scores, work >= (1 << 18) ? threads : 1);
+                                l->window, attn, scores, work >= ATTENTION_MIN_WORK ? threads : 1);
     if ((status = project(&l->o, attn, tokens, q_width, y, dim, threads))) return status;
     residual_add(hidden, y, l->attn_out_norm, tokens, dim, l->eps, l->unit_offset);
     return 0;

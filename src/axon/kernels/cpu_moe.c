@@ -123,8 +123,9 @@ static int64_t group(const Experts *m, const int64_t *ids, int64_t slots, int64_
  * ids[t, j], for x [tokens, hidden] float32. scratch holds tokens * top_k * (2 hidden + 3 inter)
  * floats. Returns -1 (nothing written) for a bad expert id, too many tokens or a format the
  * matmul does not handle. */
-int axon_moe_experts(const Experts *m, const float *x, int64_t tokens, const int64_t *ids,
-                     const float *weights, int64_t top_k, float *scratch, float *out) {
+static int experts_run(const Experts *m, int threads, const float *x, int64_t tokens,
+                       const int64_t *ids, const float *weights, int64_t top_k, float *scratch,
+                       float *out) {
     const int64_t slots = tokens * top_k, hidden = m->hidden, inter = m->inter;
     if (tokens < 0 || tokens > MAX_TOKENS || top_k < 1) return -1;
     int64_t start[m->experts + 1], order[slots > 0 ? slots : 1], at[slots > 0 ? slots : 1];
@@ -140,7 +141,7 @@ int axon_moe_experts(const Experts *m, const float *x, int64_t tokens, const int
                              {m->up, m->types[1], inter, m->row_bytes[1], inter, matmul}};
     const Part down = {m->down, m->types[2], hidden, m->row_bytes[2], 0, matmul};
     int failed = 0;
-#pragma omp parallel num_threads(m->threads) if (m->threads > 1)
+#pragma omp parallel num_threads(threads) if (threads > 1)
     {
 #ifdef _OPENMP
         const int64_t id = omp_get_thread_num(), count = omp_get_num_threads();
@@ -170,6 +171,11 @@ int axon_moe_experts(const Experts *m, const float *x, int64_t tokens, const int
         }
     }
     return failed ? -1 : 0;
+}
+
+int axon_moe_experts(const Experts *m, const float *x, int64_t tokens, const int64_t *ids,
+                     const float *weights, int64_t top_k, float *scratch, float *out) {
+    return experts_run(m, m->threads, x, tokens, ids, weights, top_k, scratch, out);
 }
 
 /* Softmax over logits [experts], the top_k largest (ties: the lower id) with their
@@ -202,10 +208,10 @@ int64_t axon_moe_block_scratch(const Experts *m, const Router *r, int64_t tokens
 }
 
 /* hidden [tokens, hidden] += experts(norm(hidden)) in place: the MLP half of a sparse layer at
- * decode, routing included (float32 logits, softmax top-k). Returns 0, or -1 as
- * axon_moe_experts. */
-int axon_moe_block(const Experts *m, const Router *r, float *hidden, int64_t tokens,
-                   float *scratch) {
+ * decode, routing included (float32 logits, softmax top-k), the experts on `threads`. Returns
+ * 0, or -1 as axon_moe_experts. */
+static int block_run(const Experts *m, const Router *r, int threads, float *hidden,
+                     int64_t tokens, float *scratch) {
     const int64_t dim = m->hidden, top_k = r->top_k;
     if (tokens < 0 || tokens > MAX_TOKENS || top_k < 1 || top_k > m->experts) return -1;
     float *x = scratch, *y = x + tokens * dim, *logits = y + tokens * dim;
@@ -220,7 +226,110 @@ int axon_moe_block(const Experts *m, const Router *r, float *hidden, int64_t tok
     for (int64_t t = 0; t < tokens; t++)
         select_top_k(logits + t * m->experts, m->experts, top_k, r->renormalize,
                      ids + t * top_k, weights + t * top_k);
-    if (axon_moe_experts(m, x, tokens, ids, weights, top_k, rest, y)) return -1;
+    if (experts_run(m, threads, x, tokens, ids, weights, top_k, rest, y)) return -1;
     for (int64_t i = 0; i < tokens * dim; i++) hidden[i] += y[i];
+    return 0;
+}
+
+int axon_moe_block(const Experts *m, const Router *r, float *hidden, int64_t tokens,
+                   float *scratch) {
+    return block_run(m, r, m->threads, hidden, tokens, scratch);
+}
+
+/* ---- a whole sparse decoder layer ------------------------------------------------------- */
+
+/* cpu_layer.c: the attention half of a decode layer (its `Layer` is opaque here). */
+int axon_decode_attention(const void *layer, float *hidden, int64_t tokens,
+                          const int64_t *positions, const int64_t *slot_mapping,
+                          const int64_t *key_slots, int64_t width, const int64_t *lens,
+                          float *scratch, int threads);
+int64_t axon_decode_layer_scratch(const void *layer, int64_t tokens, int64_t width, int threads);
+
+/* A sparse decoder layer (mirrored by ctypes in layers/fused_moe_decode.py: keep the order):
+ * cpu_layer.c's attention half, then norm, router and experts. parallel: the experts' region
+ * runs on the step's threads (else on one: experts too small to split). */
+typedef struct {
+    const void *attention;
+    const Experts *experts;
+    const Router *router;
+    int64_t parallel;
+} SparseLayer;
+
+/* Floats of scratch axon_sparse_decode_layer needs: the two halves use it in turn. */
+int64_t axon_sparse_layer_scratch(const SparseLayer *l, int64_t tokens, int64_t width,
+                                  int threads) {
+    const int64_t attention = axon_decode_layer_scratch(l->attention, tokens, width, threads);
+    const int64_t mlp = axon_moe_block_scratch(l->experts, l->router, tokens);
+    return attention > mlp ? attention : mlp;
+}
+
+/* hidden [tokens, hidden] <- the sparse layer's output, in place, for `tokens` decode queries
+ * (arguments as axon_decode_attention): the attention half, then the MLP half as
+ * axon_moe_block, one call instead of two from Python plus the glue between them. Returns 0,
+ * -1 (rejected weights or ids), -2 (no memory for 8-bit activations) or -3 (scratch holds
+ * fewer than axon_sparse_layer_scratch floats; nothing done). */
+int axon_sparse_decode_layer(const SparseLayer *l, float *hidden, int64_t tokens,
+                             const int64_t *positions, const int64_t *slot_mapping,
+                             const int64_t *key_slots, int64_t width, const int64_t *lens,
+                             float *scratch, int64_t scratch_floats, int threads) {
+    if (scratch_floats < axon_sparse_layer_scratch(l, tokens, width, threads)) return -3;
+    const int status = axon_decode_attention(l->attention, hidden, tokens, positions,
+                                             slot_mapping, key_slots, width, lens, scratch,
+                                             threads);
+    if (status) return status;
+    return block_run(l->experts, l->router, l->parallel ? threads : 1, hidden, tokens, scratch);
+}
+
+/* ---- a decode step's whole stack of layers ---------------------------------------------- */
+
+int axon_decode_layer(const void *layer, float *hidden, int64_t tokens, const int64_t *positions,
+                      const int64_t *slot_mapping, const int64_t *key_slots, int64_t width,
+                      const int64_t *lens, float *scratch, int threads);
+
+/* Floats of scratch axon_decode_stack needs: the most any one layer does. */
+int64_t axon_decode_stack_scratch(const void *const *layers, const int32_t *sparse,
+                                  int64_t count, int64_t tokens, int64_t width, int threads) {
+    int64_t most = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t need =
+            sparse[i] ? axon_sparse_layer_scratch(layers[i], tokens, width, threads)
+                      : axon_decode_layer_scratch(layers[i], tokens, width, threads);
+        most = need > most ? need : most;
+    }
+    return most;
+}
+
+/* The model's final RMSNorm, applied after the last layer. */
+typedef struct {
+    const float *weight; /* [dim] */
+    int64_t dim;
+    float eps;
+    int32_t unit_offset;
+} FinalNorm;
+
+/* hidden [tokens, hidden] <- norm(the output of `count` decoder layers in turn), in place: layer
+ * i is a SparseLayer where sparse[i], else cpu_layer.c's dense Layer (a model's dense layers
+ * among sparse ones). The same calls as one per layer and then RMSNorm from Python, without the
+ * Python between them (~25 us a layer at batch 1: it runs with caches just flushed by the
+ * weights). Returns 0, -3 before touching hidden when scratch is short of
+ * axon_decode_stack_scratch floats, or a layer's failure (-1, -2: hidden then undefined). */
+int axon_decode_stack(const void *const *layers, const int32_t *sparse, int64_t count,
+                      const FinalNorm *norm, float *hidden, int64_t tokens,
+                      const int64_t *positions,
+                      const int64_t *slot_mapping, const int64_t *key_slots, int64_t width,
+                      const int64_t *lens, float *scratch, int64_t scratch_floats, int threads) {
+    if (scratch_floats < axon_decode_stack_scratch(layers, sparse, count, tokens, width, threads))
+        return -3;
+    for (int64_t i = 0; i < count; i++) {
+        const int status =
+            sparse[i] ? axon_sparse_decode_layer(layers[i], hidden, tokens, positions,
+                                                 slot_mapping, key_slots, width, lens, scratch,
+                                                 scratch_floats, threads)
+                      : axon_decode_layer(layers[i], hidden, tokens, positions, slot_mapping,
+                                          key_slots, width, lens, scratch, threads);
+        if (status) return status;
+    }
+    axon_rms_norm(hidden, norm->dim, norm->weight, hidden, norm->dim, tokens, norm->dim,
+                  norm->eps, norm->unit_offset);
     return 0;
 }

@@ -130,16 +130,17 @@ class ExpertWeights:
         lib = _library()
         self._struct.threads = self._threads()
         tokens = hidden.shape[0]
-        scratch = _scratch_for(lib.axon_moe_block_scratch(self._address, router.address, tokens))
+        scratch = _scratch_for(lib.axon_moe_block_scratch(self.address, router.address, tokens))
         status = lib.axon_moe_block(
-            self._address, router.address, hidden.data_ptr(), tokens, scratch.data_ptr()
+            self.address, router.address, hidden.data_ptr(), tokens, scratch.data_ptr()
         )
         if status != 0:
             raise ValueError(f"moe block: rejected weights or {tokens} tokens > {MAX_TOKENS}")
         return hidden
 
     @property
-    def _address(self) -> int:
+    def address(self) -> int:
+        """Of the C `Experts` struct (valid while self lives)."""
         return ctypes.addressof(self._struct)
 
 

@@ -15,8 +15,9 @@
  * the 8 rows and one 32-bit broadcast of a token's 4 int8 values multiplies all of them
  * (VNNI dpbusd: 8 rows' 4-term dot products in one instruction; AVX2: maddubs + madd). A tile
  * is 2 panels (16 rows) x up to 6 tokens: every loaded weight vector serves 6 tokens, every
- * broadcast 16 rows. Threads take units of 16 rows (dynamically). One token skips the panels:
- * 8 rows at a time straight from the blocks (gemv_k, gemv_32), the same float steps, each
+ * broadcast 16 rows. Threads take units of 16 rows (dynamically); decoding a panel prefetches
+ * the rows a unit per thread on (cold weights: the LM head at 16 tokens). One token skips the
+ * panels: 8 rows at a time straight from the blocks (gemv_k, gemv_32), the same float steps, each
  * thread a contiguous share of the rows; K-quant rows of up to 3072 values are read one after
  * the other (gemv_k_rows), legacy rows always 8 side by side.
  *
@@ -58,6 +59,12 @@ enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_
 #endif
 #ifndef PF32_AHEAD
 #define PF32_AHEAD 12288 /* legacy, one token: bytes ahead of the rows (2-8, 24 KiB: slower) */
+#endif
+#ifndef AHEAD_UNITS
+#define AHEAD_UNITS 1 /* a panel decode prefetches this many units x threads on (2, 4: no faster) */
+#endif
+#ifndef CHUNK_BYTES
+#define CHUNK_BYTES (512 << 10) /* many tokens: a pass's int8 activations, at least 256 tokens */
 #endif
 #define TILE 6  /* tokens per tile: a loaded weight vector serves 6 tokens (4: Q8_0 ran ~1/3 slower) */
 #define NOINLINE static __attribute__((noinline))
@@ -406,10 +413,33 @@ static void decode_block(int type, const uint8_t *b, uint8_t *codes, const Panel
         return;
     }
     decode_32(type, b, codes, p->d + PANEL * k + r, p->dmin + PANEL * k + r);
+#ifndef __AVX2__ /* AVX2: the panel's 8 rows at once from their interleaved codes (w128_of) */
     int sum = 0;
     for (int i = 0; i < 32 && type == Q8_0; i++) sum += (int8_t)codes[i];
     p->w128[PANEL * k + r] = 128 * sum;
+#endif
 }
+
+#ifdef __AVX2__
+/* 128 * the sum of each row's 32 signed codes, rows in lanes, from a block's 8 interleaved
+ * chunks (chunk c: 4 codes of each row): a horizontal sum per row and block had been half of a
+ * Q8_0 panel's decode. */
+static inline void w128_of(const uint8_t *codes, int32_t *w128) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    __m256i sum[4]; /* four chains: one would wait on each dpbusd's latency */
+    for (int c = 0; c < 8; c++) {
+        const __m256i chunk = _mm256_load_si256((const __m256i *)(codes + 32 * c));
+        const __m256i zero_or_sum = c < 4 ? _mm256_setzero_si256() : sum[c % 4];
+#ifdef Q8_VNNI
+        sum[c % 4] = _mm256_dpbusd_epi32(zero_or_sum, ones, chunk);
+#else
+        sum[c % 4] = _mm256_add_epi32(zero_or_sum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones, chunk), _mm256_set1_epi16(1)));
+#endif
+    }
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(sum[0], sum[1]), _mm256_add_epi32(sum[2], sum[3]));
+    _mm256_store_si256((__m256i *)w128, _mm256_slli_epi32(total, 7));
+}
+#endif
 
 /* 8 rows' B codes each -> the panel layout: out chunk c = dword c of every row. */
 static void interleave(const uint8_t (*rows)[256], int B, uint8_t *out) {
@@ -438,15 +468,29 @@ static void interleave(const uint8_t (*rows)[256], int B, uint8_t *out) {
     }
 }
 
-/* Rows [0, count) at w (row_bytes apart) into panel p, rows past count zero. */
+/* Rows [0, count) at w (row_bytes apart) into panel p, rows past count zero. Each block read is
+ * matched by prefetches of the same block `ahead` rows on (0: none), the rows this thread will
+ * likely decode next: 8 rows' blocks side by side are 8 short streams that the hardware
+ * prefetcher does not follow, and without it decode_panel waited on memory for most of its
+ * time (a cold 151936-row LM head at 16 tokens ran at a third of the L2-hot rate). */
 static void decode_panel(int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
-                         const Panel *p) {
+                         const Panel *p, int64_t ahead) {
     const int B = q8_block(type), bytes = q8_bytes(type);
     uint8_t rows[PANEL][256] __attribute__((aligned(64)));
     for (int64_t k = 0; k < blocks; k++) {
-        for (int r = 0; r < PANEL; r++)
-            decode_block(type, r < count ? w + r * row_bytes + k * bytes : NULL, rows[r], p, k, r);
+        for (int r = 0; r < PANEL; r++) {
+            const uint8_t *b = r < count ? w + r * row_bytes + k * bytes : NULL;
+            /* Every line of the block ahead: its last byte's, and its first byte's on (blocks
+             * under 64 bytes: at k = 0 only, as a row's blocks lie back to back). */
+            for (int line = 0; ahead && b && line < bytes && (bytes >= 64 || k == 0); line += 64)
+                __builtin_prefetch(b + ahead * row_bytes + line);
+            if (ahead && b) __builtin_prefetch(b + ahead * row_bytes + bytes - 1);
+            decode_block(type, b, rows[r], p, k, r);
+        }
         interleave((const uint8_t(*)[256])rows, B, p->codes + k * B * PANEL);
+#ifdef __AVX2__
+        if (type == Q8_0) w128_of(p->codes + k * B * PANEL, p->w128 + PANEL * k);
+#endif
     }
 }
 
@@ -932,6 +976,8 @@ typedef struct {
     const uint8_t *const *ws;
     const int64_t *rows;
     int64_t cols, tokens, ldy;
+    int64_t ahead; /* rows between a panel and the one its decode prefetches (decode_panel) */
+    int64_t units, chunk; /* many tokens: units of 16 rows, tokens per pass over them */
     const Acts *k_acts, *acts32;
     float *y;
 } Call;
@@ -948,17 +994,20 @@ static Token token_of(const Call *c, int type, int64_t t) {
 
 /* Rows [n0, n0 + 16) of part p (fewer at its end), output columns from `column`: the rows
  * decoded into two panels once, then every token, TILE at a time. */
-static void run_unit(const Call *c, int p, int64_t n0, int64_t column, Panel *pn) {
+static void run_unit(const Call *c, int p, int64_t n0, int64_t column, Panel *pn, int64_t t_begin,
+                     int64_t t_end) {
     const int type = c->types[p], B = q8_block(type);
     const int64_t blocks = c->cols / B, row_bytes = blocks * q8_bytes(type);
     int count[UNIT], panels = 0;
     for (; panels < UNIT && n0 + PANEL * panels < c->rows[p]; panels++) {
         const int64_t first = n0 + PANEL * panels, left = c->rows[p] - first;
         count[panels] = (int)(left < PANEL ? left : PANEL);
-        decode_panel(type, c->ws[p] + first * row_bytes, row_bytes, count[panels], blocks, pn + panels);
+        /* Units go out one at a time to `threads` threads: this one's next is ~threads on. */
+        const int64_t ahead = first + c->ahead + PANEL <= c->rows[p] ? c->ahead : 0;
+        decode_panel(type, c->ws[p] + first * row_bytes, row_bytes, count[panels], blocks, pn + panels, ahead);
     }
-    for (int64_t t0 = 0; t0 < c->tokens; t0 += TILE) {
-        const int tt = (int)(c->tokens - t0 < TILE ? c->tokens - t0 : TILE);
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += TILE) {
+        const int tt = (int)(t_end - t0 < TILE ? t_end - t0 : TILE);
         Token x[TILE];
         for (int t = 0; t < tt; t++) x[t] = token_of(c, type, t0 + t);
         TILES[kind_of(type)][panels - 1][tt - 1](pn, blocks, x, c->y + t0 * c->ldy + column + n0, c->ldy, count);
@@ -976,8 +1025,9 @@ static int unit_of(const Call *c, int64_t rows_per, int64_t u, int64_t *n0, int6
     return p;
 }
 
-/* Unit u of a call: one token (AVX2): 32 rows straight from their blocks; else 16 rows decoded
- * into this thread's panels and every token. Returns 0 when the panels' memory ran out. */
+/* Work item u of a call: one token (AVX2): 32 rows straight from their blocks; else 16 rows
+ * decoded into this thread's panels and one pass of tokens (units in a row per pass). Returns 0
+ * when the panels' memory ran out. */
 static int run_work(const Call *c, int64_t u) {
     int64_t n0, column;
 #ifdef __AVX2__
@@ -996,8 +1046,9 @@ static int run_work(const Call *c, int64_t u) {
     if (!base) return 0;
     Panel pn[UNIT];
     for (int g = 0; g < UNIT; g++) panel_place(pn + g, base + g * panel_bytes(c->cols), c->cols);
-    const int p = unit_of(c, UNIT * PANEL, u, &n0, &column);
-    run_unit(c, p, n0, column, pn);
+    const int p = unit_of(c, UNIT * PANEL, u % c->units, &n0, &column);
+    const int64_t t_begin = u / c->units * c->chunk;
+    run_unit(c, p, n0, column, pn, t_begin, c->tokens < t_begin + c->chunk ? c->tokens : t_begin + c->chunk);
     return 1;
 }
 
@@ -1043,8 +1094,14 @@ int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
     Acts k_acts = {0}, acts32 = {0};
     void *owned;
     if (!prepare_acts(x, tokens, cols, need_k, need_32, &k_acts, &acts32, &owned)) return -2;
-    const Call call = {types, ws, rows, cols, tokens, ldy, &k_acts, &acts32, y};
     if (threads < 1) threads = 1;
+    /* Many tokens go over the rows in passes of `chunk`, so that a pass's activations stay in
+     * L2 while every unit's tiles sweep them (a 2048-token prefill swept 2 MB from L3 per 16
+     * rows); each pass decodes the panels again, ~5 % of a 256-token pass. */
+    const int64_t chunk = tokens == 1 ? 1 : (CHUNK_BYTES / cols > 256 ? CHUNK_BYTES / cols : 256) / TILE * TILE;
+    const Call call = {types, ws, rows, cols, tokens, ldy, UNIT * PANEL * AHEAD_UNITS * (int64_t)threads,
+                       units, chunk, &k_acts, &acts32, y};
+    if (tokens > 1) units *= (tokens + chunk - 1) / chunk;
     int failed = 0;
     if (tokens == 1) {
         /* A memory stream: each thread walks one contiguous share of the rows, as the exact

@@ -73,26 +73,52 @@ def run_attention(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch
     return _run(layer, positions, hidden, attention_only=True)
 
 
-def _run(layer, positions: torch.Tensor, hidden: torch.Tensor, attention_only: bool):
-    if not ENABLED or hidden.dim() != 2 or hidden.shape[0] > MAX_TOKENS:
-        return None
-    if hidden.dtype != torch.float32 or hidden.device.type != "cpu" or not hidden.is_contiguous():
-        return None
+def usable_hidden(hidden: torch.Tensor, max_tokens: int = MAX_TOKENS) -> bool:
+    """Whether a C decode layer takes these hidden states in place: float32 [T, hidden] on the
+    CPU, contiguous, T <= max_tokens."""
+    if not ENABLED or hidden.dim() != 2 or hidden.shape[0] > max_tokens:
+        return False
+    return hidden.dtype == torch.float32 and hidden.device.type == "cpu" and hidden.is_contiguous()
+
+
+# (forward context, positions, their C arguments) of the latest step: every layer of a step
+# passes the same ones, and reading them once instead of per layer is ~5 us a layer.
+_step: tuple = (None, None, None)
+
+
+def step_arguments(positions: torch.Tensor) -> tuple[int, int, int, int, int] | None:
+    """This decode-only step's arguments to the C layers: the addresses of positions, slot
+    mapping and key slots, the key slots' width, the address of the context lengths; None for
+    a step with prefills (the C layers decode only)."""
+    global _step
     meta = get_forward_context()
-    if meta.prefills or meta.decode_key_slots is None:
+    if _step[0] is meta and _step[1] is positions:
+        return _step[2]
+    arguments = None
+    if not meta.prefills and meta.decode_key_slots is not None:
+        key_slots = meta.decode_key_slots
+        arguments = (
+            positions.data_ptr(), meta.slot_mapping.data_ptr(), key_slots.data_ptr(),
+            key_slots.shape[1], meta.decode_context_lens.data_ptr(),
+        )  # fmt: skip
+    _step = (meta, positions, arguments)
+    return arguments
+
+
+def _run(layer, positions: torch.Tensor, hidden: torch.Tensor, attention_only: bool):
+    if not usable_hidden(hidden):
+        return None
+    arguments = step_arguments(positions)
+    if arguments is None:
         return None
     spec = _spec_of(layer, attention_only)
     if spec is None:
         return None
     tokens, threads = hidden.shape[0], torch.get_num_threads()
-    key_slots, lens = meta.decode_key_slots, meta.decode_context_lens
     lib = _library()
-    scratch = _scratch_for(lib.axon_decode_layer_scratch(spec, tokens, key_slots.shape[1], threads))
+    scratch = _scratch_for(lib.axon_decode_layer_scratch(spec, tokens, arguments[3], threads))
     decode = lib.axon_decode_attention if attention_only else lib.axon_decode_layer
-    status = decode(
-        spec, hidden.data_ptr(), tokens, positions.data_ptr(), meta.slot_mapping.data_ptr(),
-        key_slots.data_ptr(), key_slots.shape[1], lens.data_ptr(), scratch.data_ptr(), threads,
-    )  # fmt: skip
+    status = decode(spec, hidden.data_ptr(), tokens, *arguments, scratch.data_ptr(), threads)
     if status == -2:
         raise MemoryError("axon_decode_layer: no memory for the 8-bit activations")
     if status != 0:

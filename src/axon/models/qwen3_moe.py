@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from axon.layers import fused_decode
+from axon.layers import fused_decode, fused_moe_decode
 from axon.layers.fused_moe import SparseMoeBlock, expert_packed_mapping
 from axon.layers.norm import RMSNorm
-from axon.models.llama import LlamaDecoderLayer, LlamaMLP
+from axon.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
 from axon.models.qwen3 import Qwen3Attention, Qwen3ForCausalLM
 
 
@@ -39,8 +39,11 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         if not self.is_sparse:
             return super().forward(positions, hidden)
-        # A decode step: attention as the dense layers run it (one C call), then norm, router
-        # and experts in a second one; both in place in `hidden`.
+        fused = fused_moe_decode.run(self, positions, hidden)  # a decode step in one C call
+        if fused is not None:
+            return fused
+        # Else (tensor parallelism, a prefill, weights a C kernel lacks) each half in one C call
+        # where it has one, in place in `hidden`.
         if fused_decode.run_attention(self, positions, hidden) is None:
             hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden))
         fused = self.mlp.add_in_place(hidden, self.post_attention_layernorm)
@@ -49,7 +52,26 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
+class Qwen3MoeModel(LlamaModel):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """As LlamaModel's; a decode step's layers and final norm run in one C call where
+        they all have one (at batch 1 the Python between layers cost ~25 us a layer)."""
+        hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        fused = fused_moe_decode.run_stack(self.layers, positions, hidden, self.norm)
+        if fused is not None:
+            return fused
+        for layer in self.layers:
+            hidden = layer(positions, hidden)
+        return self.norm(hidden)
+
+
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    model_cls = Qwen3MoeModel
     layer_cls = Qwen3MoeDecoderLayer
 
     def __init__(self, config):

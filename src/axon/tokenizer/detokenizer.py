@@ -36,9 +36,30 @@ def skipped_special_ids(tokenizer) -> frozenset[int] | None:
     return skipped
 
 
+def backend_decode(tokenizer):
+    """The Rust tokenizer's `decode(ids, skip_special_tokens=...)` when `tokenizer.decode` is
+    exactly that (a transformers fast tokenizer that does not clean up spaces), else None.
+    Streaming decodes twice per token, and the Python wrapper around it costs more than the
+    decode itself (issue 16 point 6)."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    kind = type(tokenizer)
+    if (
+        kind.decode is not PreTrainedTokenizerBase.decode
+        or getattr(kind, "_decode", None) is not TokenizersBackend._decode
+        or getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False
+    ):
+        return None
+    return tokenizer.backend_tokenizer.decode
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.decode = backend_decode(tokenizer) or tokenizer.decode
         self.skip_special_tokens = skip_special_tokens
         # Set when skipping must spare special marker tokens: then this list is what is skipped.
         self.skipped_ids = skipped_special_ids(tokenizer) if skip_special_tokens else None
@@ -49,8 +70,8 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         if self.skipped_ids is not None:
             kept = [token_id for token_id in token_ids if token_id not in self.skipped_ids]
-            return self.tokenizer.decode(kept, skip_special_tokens=False)
-        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
+            return self.decode(kept, skip_special_tokens=False)
+        return self.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_id: int) -> str:
         """Append one token; returns the newly completed text (possibly empty)."""

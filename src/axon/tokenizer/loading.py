@@ -23,11 +23,10 @@ def load_tokenizer(path: str):
         try:
             if is_gguf(path):
                 return load_gguf_tokenizer(path)
-            # Not at the top: AutoTokenizer's module imports torch (through transformers'
-            # configs), which a cached GGUF tokenizer does not need.
-            from transformers import AutoTokenizer
+            # AutoTokenizer's choice of class without its torch import, once recorded.
+            from axon.tokenizer.auto_class import load_auto_tokenizer
 
-            return AutoTokenizer.from_pretrained(path)
+            return load_auto_tokenizer(path)
         except (OSError, ValueError, TypeError) as exc:
             logger.warning("no tokenizer from %s (%s); only token-id prompts work", path, exc)
             return None
