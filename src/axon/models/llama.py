@@ -128,6 +128,9 @@ class LlamaModel(nn.Module):
         """Final hidden states [T, hidden]; `inputs_embeds` [T, hidden] (token embeddings with
         image rows written over them) replaces the embedding lookup."""
         hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        return self.layers_and_norm(positions, hidden)
+
+    def layers_and_norm(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             hidden = layer(positions, hidden)
         return self.norm(hidden)

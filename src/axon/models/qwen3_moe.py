@@ -53,21 +53,13 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
 
 
 class Qwen3MoeModel(LlamaModel):
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """As LlamaModel's; a decode step's layers and final norm run in one C call where
-        they all have one (at batch 1 the Python between layers cost ~25 us a layer)."""
-        hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+    def layers_and_norm(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """A decode step's layers and final norm in one C call where they all have one (at
+        batch 1 the Python between layers cost ~25 us a layer), else LlamaModel's."""
         fused = fused_moe_decode.run_stack(self.layers, positions, hidden, self.norm)
         if fused is not None:
             return fused
-        for layer in self.layers:
-            hidden = layer(positions, hidden)
-        return self.norm(hidden)
+        return super().layers_and_norm(positions, hidden)
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
