@@ -91,12 +91,18 @@ def browser(browser_paths):
 
 
 def long_context_copy(model_dir: Path, copy_dir: Path) -> Path:
-    """The tiny model with a 32k context: a stream long enough to be stopped mid-way even when
-    the browser lags far behind the server on a busy machine."""
+    """The tiny model with a 32k context and no EOS token: a stream long enough to be stopped
+    mid-way even when the browser lags far behind the server on a busy machine (with its EOS, the
+    greedy answer to "tell me a story" ends by itself after ~85 tokens, and a late Stop then
+    finds nothing to abort)."""
     shutil.copytree(model_dir, copy_dir)
     config = json.loads((copy_dir / "config.json").read_text())
     config["max_position_embeddings"] = LONG_CONTEXT
+    config["eos_token_id"] = None
     (copy_dir / "config.json").write_text(json.dumps(config))
+    generation = json.loads((copy_dir / "generation_config.json").read_text())
+    generation["eos_token_id"] = None
+    (copy_dir / "generation_config.json").write_text(json.dumps(generation))
     return copy_dir
 
 
