@@ -7,12 +7,14 @@ bodies. Not one answer may be a 5xx, not one connection may drop, and the server
 answer /health and a normal completion afterwards.
 
 Generated requests keep their completion to two tokens, so the run stays short; a failure lists
-each offending request with the server's log, rather than shrinking against a live server.
+each offending request with the server's log, rather than shrinking against a live server. They
+are drawn while the server loads, then sent two at a time, each on its own connection.
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -25,6 +27,7 @@ from axon.server.protocol import ChatCompletionRequest, CompletionRequest, Respo
 from tests.server.conftest import MODEL_ID, start_server, stop_server, write_tiny_qwen3
 
 NUM_REQUESTS = 1000
+SENDERS = 2  # requests in flight at once
 TIMEOUT_S = 30.0
 JSON = {"content-type": "application/json"}
 MAX_TOKENS = 2
@@ -254,13 +257,22 @@ REPORTED = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def server_starting(tmp_path_factory: pytest.TempPathFactory):
+    """The server, started in the background: the generated-requests test draws its requests
+    while the server loads."""
     root: Path = tmp_path_factory.mktemp("hostile")
     model_dir = write_tiny_qwen3(root / "tiny")
     env = {"HF_HUB_OFFLINE": "1", "AXON_ALLOWED_LOCAL_MODEL_PATHS": str(root)}
-    running = start_server(model_dir, env=env)
-    yield running
-    stop_server(running)
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(start_server, model_dir, env)
+        yield starting
+        if starting.exception() is None:
+            stop_server(starting.result())
+
+
+@pytest.fixture(scope="module")
+def server(server_starting):
+    return server_starting.result()
 
 
 def _client(server) -> httpx.Client:
@@ -304,20 +316,41 @@ HYPOTHESIS = settings(
 )
 
 
-def test_generated_hostile_requests_get_no_5xx_and_no_dropped_connection(server):
+def draw_requests() -> list[tuple[str, bytes, dict]]:
+    """The REPORTED requests, then the NUM_REQUESTS that hypothesis generates, in its order.
+    Drawing needs no server: what hypothesis generates next never depends on the answers (the
+    test records failures, it never raises), so the requests are drawn first, then sent."""
+    drawn: list[tuple[str, bytes, dict]] = []
+
+    def record(request) -> None:
+        drawn.append(request)
+
+    record = given(hostile_requests())(record)
+    for reported in REPORTED:
+        record = example(reported)(record)
+    HYPOTHESIS(record)()
+    return drawn
+
+
+def _send_all(server, requests) -> list[str]:
+    """Why each failed request failed; each request on its own connection."""
     failures: list[str] = []
     with _client(server) as http:
-
-        def send(request) -> None:
-            path, content, _ = request
+        for path, content, _ in requests:
             failure = _post(http, path, content)
             if failure is not None:
                 failures.append(f"POST {path} {content[:300]!r} -> {failure}")
+    return failures
 
-        send = given(hostile_requests())(send)
-        for reported in REPORTED:
-            send = example(reported)(send)
-        HYPOTHESIS(send)()
+
+def test_generated_hostile_requests_get_no_5xx_and_no_dropped_connection(server_starting):
+    requests = draw_requests()  # while the server loads
+    assert len(requests) >= NUM_REQUESTS
+    server = server_starting.result()
+    # Two senders: the server parses one request while this process sends the next.
+    with ThreadPoolExecutor(SENDERS) as pool:
+        chunks = [requests[start::SENDERS] for start in range(SENDERS)]
+        failures = [f for part in pool.map(lambda c: _send_all(server, c), chunks) for f in part]
     assert not failures, _report(failures, server)
     _assert_still_serving(server)
 

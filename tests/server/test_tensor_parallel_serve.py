@@ -12,7 +12,7 @@ import os
 import signal
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -26,6 +26,7 @@ TP_ID = "tiny-tp2"
 WEDGED_ID = "tiny-tp2-wedged"  # the only model whose rank 1 hangs (once per server)
 STEP_TIMEOUT_S = 5
 FIRED: set[str] = set()  # wedged models whose hook has fired: plain TP=2 copies since
+LOADING: dict[str, Future] = {}  # TP=2 copies a test started loading in the background
 
 
 def _complete(base_url: str, model: str) -> httpx.Response:
@@ -61,8 +62,22 @@ def tp_server(tiny_chat_model):
     stop_server(server)
 
 
+@pytest.fixture(scope="module")
+def background(tp_server):
+    """A thread for loads started in the background (waited for before the server stops)."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool
+
+
 def _load_tp(base_url: str, model_dir, name: str = TP_ID) -> None:
-    """Loads the TP=2 copy `name` unless an earlier test of the module already did."""
+    """Loads the TP=2 copy `name` unless an earlier test of the module already did (or started
+    loading it in the background: then waits for that load)."""
+    if name in LOADING:
+        LOADING.pop(name).result()
+    _load_tp_now(base_url, model_dir, name)
+
+
+def _load_tp_now(base_url: str, model_dir, name: str) -> None:
     if _entry(base_url, name) is not None:
         return
     spec = {"model_id": str(model_dir), "served_model_name": name, "tensor_parallel": 2}
@@ -92,9 +107,12 @@ def _gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_a_wedged_rank_trips_the_step_deadline(tp_server, tiny_chat_model):
+def test_a_wedged_rank_trips_the_step_deadline(tp_server, tiny_chat_model, background):
     url = tp_server.base_url
     _load_tp(url, tiny_chat_model, WEDGED_ID)
+    # The wedged step leaves this test idle for the whole deadline: the next test's TP copy
+    # loads meanwhile (in its own engine and ranks, which the wedge hook does not name).
+    LOADING[TP_ID] = background.submit(_load_tp_now, url, tiny_chat_model, TP_ID)
     engine_pid = _entry(url, WEDGED_ID)["engine_pid"]
     (rank1,) = _spawned_children(engine_pid)
     stores = list(Path(tempfile.gettempdir()).glob(f"axon-tp-{engine_pid}-*"))

@@ -1,6 +1,7 @@
 """The fused CPU kernels (kernels/cpu_ops.c) against their pure-PyTorch reference twins:
 RMSNorm in both conventions, rotary in place on strided views (full and partial), and paged
-decode attention read in place from the cache (GQA, sliding window, softcap, padded slots)."""
+decode attention read in place from the cache (GQA, sliding window, softcap, padded slots,
+the shapes and thread splits of its units)."""
 
 from __future__ import annotations
 
@@ -54,12 +55,12 @@ def test_rotary_in_place_matches_reference_on_a_fused_projection(rotary_dim):
     assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v_before)  # v untouched
 
 
-def _paged_case(window, softcap, seed=0):
+def _paged_case(window, softcap, seed=0, heads=8, kv_heads=2, head_dim=32, lens=(1, 9, 23)):
     gen = torch.Generator().manual_seed(seed)
-    heads, kv_heads, head_dim, slots = 8, 2, 32, 64
+    slots = sum(lens) + 5
     k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen)
     v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen)
-    lens = torch.tensor([1, 9, 23])
+    lens = torch.tensor(lens)
     width = int(lens.max())
     # Each sequence's positions live at scattered slots; padding points at slot 0.
     perm = torch.randperm(slots, generator=gen)
@@ -93,6 +94,35 @@ def test_paged_decode_attention_matches_reference(window, softcap):
     _close(got, _reference(*case, 0.125))
 
 
+# (heads, kv_heads, head_dim, lens): Qwen3's 16 / 8 x 128 and gemma-3's 4 / 1 x 256, long enough
+# to run on several threads (batch 1 splits the KV heads, or one KV head's query heads), a
+# head_dim off the kernel's 32 / 64 float tiles and off its 8 lanes, and plain multi-head.
+SHAPES = [
+    (16, 8, 128, (300, 17, 130, 64)),
+    (16, 8, 128, (300,)),
+    (4, 1, 256, (300,)),
+    (4, 1, 256, (300, 5, 77)),
+    (6, 2, 40, (33, 8, 300)),
+    (6, 3, 36, (1, 300)),
+    (4, 4, 64, (299, 3)),
+]
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (50, None), (20, 30.0)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,lens", SHAPES)
+def test_paged_decode_attention_shapes_and_threads(
+    heads, kv_heads, head_dim, lens, window, softcap
+):
+    case = _paged_case(window, softcap, 1, heads, kv_heads, head_dim, lens)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))  # the parallel path, even on one core
+    try:
+        got = cpu_ops.paged_decode_attention(*case[:5], head_dim**-0.5, softcap, window)
+    finally:
+        torch.set_num_threads(threads)
+    _close(got, _reference(*case, head_dim**-0.5))
+
+
 @pytest.mark.parametrize("inter", [8, 100, 2048])
 def test_act_and_mul_matches_reference(inter):
     from axon.layers.activation import GeluAndMul, SiluAndMul
@@ -113,13 +143,3 @@ def test_cache_write_scatters_strided_rows():
     want_k.index_copy_(0, slots, k)
     want_v.index_copy_(0, slots, v)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
-
-
-def test_argmax_matches_torch_including_ties_and_nan():
-    x = torch.randn(6, 1003, generator=torch.Generator().manual_seed(0))
-    x[1, 10] = x[1, 500] = x[1].max() + 1  # a tie: the first wins
-    x[2, 700] = float("nan")  # a NaN wins
-    x[3, 5] = x[3, 900] = float("nan")  # the first NaN
-    x[4] = float("-inf")  # all -inf: index 0
-    x[5, 1002] = 50.0  # in the scalar tail
-    assert torch.equal(cpu_ops.argmax(x), x.argmax(dim=-1))

@@ -9,7 +9,14 @@ import torch
 
 from axon.sampling import Sampler, SamplerOutput, SamplingMetadata, TokenLogprobs
 from axon.sampling.metadata import noise_key
-from axon.sampling.sampler import apply_penalties_, exponential_noise, hash32_
+from axon.sampling.penalties import PenaltyCounts
+from axon.sampling.sampler import (
+    apply_penalties_,
+    exponential_noise,
+    greedy,
+    greedy_token_ids,
+    hash32_,
+)
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
 
@@ -92,6 +99,43 @@ def test_greedy_rows_mixed_with_random_rows_keep_their_argmax() -> None:
     out = run_sampler(logits, seqs)
     assert out.token_ids[1::2] == logits[1::2].argmax(dim=-1).tolist()
     assert all(isinstance(t, int) for t in out.token_ids)
+
+
+def test_greedy_matches_torch_argmax_on_ties_nan_and_infinities() -> None:
+    x = torch.randn(7, 262144, generator=torch.Generator().manual_seed(4))
+    x[1, 10] = x[1, 200000] = x[1].max() + 1  # a tie: the first wins
+    x[2, 150000] = float("nan")  # a NaN wins
+    x[3, 5] = x[3, 9000] = float("nan")  # the first NaN
+    x[4] = float("-inf")  # all -inf: index 0
+    x[5, 3] = x[5, 262143] = float("inf")
+    x[6] = 0.0
+    x[6, :100] = -0.0  # -0.0 == 0.0: index 0
+    expected = x.argmax(dim=-1)
+    assert torch.equal(greedy(x), expected)
+    assert greedy_token_ids(x) == expected.tolist()
+    strided = torch.randn(3, 1000, generator=torch.Generator().manual_seed(5))[:, 7:907]
+    assert greedy_token_ids(strided) == strided.argmax(dim=-1).tolist()
+
+
+def test_plain_greedy_rows_take_the_argmax_only_path_with_the_same_metadata() -> None:
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(6))
+    seqs = [make_seq(SamplingParams(temperature=0.0, top_k=3), output=(1,)) for _ in range(3)]
+    meta = SamplingMetadata.from_sequences(seqs, 64, CPU, PenaltyCounts(64, CPU))
+    assert meta.greedy_only and meta.greedy_rows.tolist() == [0, 1, 2]
+    assert (meta.plain, meta.filtered, meta.penalties, meta.bias) == (None,) * 4
+    assert (meta.banned_rows, meta.logprob_rows, meta.num_logprobs) == (None, None, [None] * 3)
+    out = Sampler()(logits, meta)
+    assert out.token_ids == logits.argmax(dim=-1).tolist() and out.logprobs == [None] * 3
+    # Each of these needs more than the argmax of the raw row.
+    for params, eos in [
+        (SamplingParams(temperature=0.0, logprobs=0), frozenset()),
+        (SamplingParams(temperature=0.0, logit_bias={3: 1.0}), frozenset()),
+        (SamplingParams(temperature=0.0, presence_penalty=0.5), frozenset()),
+        (SamplingParams(temperature=0.0, min_tokens=5), frozenset({2})),
+        (SamplingParams(temperature=0.5), frozenset()),
+    ]:
+        mixed = [*seqs[:2], make_seq(params, output=(1,), eos=eos)]
+        assert not SamplingMetadata.from_sequences(mixed, 64, CPU).greedy_only
 
 
 def test_input_logits_are_not_modified() -> None:

@@ -92,6 +92,34 @@ def test_changed_gguf_invalidates_its_tokenizer(tmp_path):
     assert len(_entries()) == 2
 
 
+def test_tokenizer_json_beside_the_gguf_is_autotokenizers_with_its_class_cached(
+    tmp_path, monkeypatch
+):
+    """A tokenizer.json next to the file wins over the GGUF vocabulary; the class AutoTokenizer
+    picks for that directory is recorded, so a repeat load calls AutoTokenizer no more."""
+    from transformers import AutoTokenizer
+
+    from tests.server.conftest import write_tokenizer
+
+    model = tmp_path / "model" / "model.gguf"
+    model.parent.mkdir()
+    _write_gguf(model, WORDS)
+    write_tokenizer(model.parent)
+    _from_gguf_forbidden(monkeypatch)
+    reference = AutoTokenizer.from_pretrained(str(model.parent))
+    first = gguf_tokenizer.load_gguf_tokenizer(model)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("AutoTokenizer ran on a repeat load")
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", staticmethod(fail))
+    repeat = gguf_tokenizer.load_gguf_tokenizer(model)
+    for tokenizer in (first, repeat):
+        assert type(tokenizer) is type(reference)
+        assert tokenizer("hello world w17").input_ids == reference("hello world w17").input_ids
+        assert tokenizer.chat_template == reference.chat_template
+
+
 def test_file_key_follows_content_and_mtime(tmp_path):
     source = tmp_path / "f.bin"
     source.write_bytes(b"a" * 100)

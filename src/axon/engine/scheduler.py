@@ -143,17 +143,17 @@ class Scheduler:
     def _add_scheduled(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
         """Schedule `num_new` tokens of `seq` (room checked, state slot taken)."""
         self.block_manager.allocate(seq, num_new)
-        self._plan_snapshots(seq, num_new, out)
+        if self.snapshot_interval:
+            self._plan_snapshots(seq, num_new, out)
         self.num_served += 1
         seq.last_served = self.num_served
         out.scheduled.append((seq, num_new))
 
     def _plan_snapshots(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
         """Take a snapshot index for each boundary `seq`'s tokens reach this step, the latest
-        first: when the pool is short, the longest prefixes are the ones worth keeping."""
+        first: when the pool is short, the longest prefixes are the ones worth keeping. Only
+        with a snapshot interval (hybrid models under prefix caching)."""
         interval = self.snapshot_interval
-        if not interval:
-            return
         start = seq.num_computed_tokens
         saves = []
         for computed in range((start + num_new) // interval * interval, start, -interval):
@@ -185,6 +185,8 @@ class Scheduler:
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Preempt the newest running sequences not yet scheduled this step until `seq` fits;
         False if `seq` itself had to go."""
+        if self.block_manager.can_allocate(seq, num_new):
+            return True  # the common case: no set of the step's sequences to build
         scheduled = {s.seq_id for s, _ in out.scheduled}
         while not self.block_manager.can_allocate(seq, num_new):
             victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled)

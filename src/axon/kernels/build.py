@@ -39,11 +39,12 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c")
 )
+HEADERS = (Path(__file__).with_name("work_shares.h"),)  # included by the sources: in the key
 
 
 def _build(compiler: str, sources: tuple[Path, ...]) -> Path:
     """Compile `sources` into one library (once: the name hashes sources, flags and CPU)."""
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in sources))
+    key = hashlib.sha256(b"".join(path.read_bytes() for path in (*sources, *HEADERS)))
     key.update(" ".join(FLAGS).encode() + _cpu_flags().encode())
     target = cache_dir() / "kernels" / f"axon_cpu-{key.hexdigest()[:16]}.so"
     if target.exists():

@@ -82,7 +82,8 @@ static void residual_add(float *hidden, float *y, const float *norm, int64_t tok
 int64_t axon_decode_layer_scratch(const Layer *l, int64_t tokens, int64_t width, int threads) {
     const int64_t q_width = l->heads * l->head_dim, kv_width = l->kv_heads * l->head_dim;
     const int64_t per_token = 2 * l->hidden + q_width + 2 * kv_width + q_width + 3 * l->inter;
-    return tokens * per_token + (int64_t)threads * width;
+    /* attention's scores: heads x width per thread */
+    return tokens * per_token + (int64_t)threads * l->heads * width;
 }
 
 /* hidden [tokens, hidden] += the layer's attention (its first half), in place, for `tokens`

@@ -7,7 +7,8 @@
  * per token in choice order.
  *
  * All of it runs in one OpenMP parallel region: the row quads of every chosen expert's gate and
- * up are split evenly across the threads, then (after a barrier) those of the downs. One region
+ * up are split in contiguous shares across the threads (a thread done with its own takes from the
+ * back of the others', work_shares.h), then (after a barrier) those of the downs. One region
  * per matmul cost ~8 fork/joins per layer, and splitting each small expert matrix on its own left
  * threads idle at every join. A row's product does not depend on which thread computes it, and
  * the split falls on quad boundaries, so the result equals the one-thread result to the bit. */
@@ -17,6 +18,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "work_shares.h"
 
 typedef int (*Matmul)(int parts, const int *types, const uint8_t *const *ws, const int64_t *rows,
                       int64_t cols, const float *x, int64_t tokens, float *y, int64_t ldy,
@@ -66,31 +68,46 @@ typedef struct {
 
 static int64_t quads_of(const Part *p) { return (p->rows + 3) / 4; }
 
-/* This thread's share (id of count) of a phase: for each chosen expert in `chosen` (groups of
- * them, slots start[e] .. start[e + 1] - 1), the row quads of each part in turn, x [slots, cols]
- * -> y [slots, ldy]. Returns nonzero when a matmul rejects its weights. */
-static int phase(const Part *parts, int count_parts, const int64_t *chosen, int64_t groups,
-                 const int64_t *start, const float *x, int64_t cols, float *y, int64_t ldy,
-                 int64_t id, int64_t count) {
+#define PHASE_QUADS 8 /* row quads per unit of a phase's work (32 rows) */
+
+/* A phase's units: for each chosen expert in `chosen` (groups of them, slots start[e] ..
+ * start[e + 1] - 1), the row quads of each part in turn, PHASE_QUADS at a time. */
+static int64_t phase_units(const Part *parts, int count_parts, int64_t groups) {
     int64_t per_group = 0;
     for (int p = 0; p < count_parts; p++) per_group += quads_of(&parts[p]);
-    const int64_t total = per_group * groups, last = total * (id + 1) / count;
-    int status = 0;
-    for (int64_t q = total * id / count; q < last;) {
-        const int64_t e = chosen[q / per_group], first = start[e], n = start[e + 1] - first;
-        int64_t within = q % per_group;
-        const Part *p = parts;
-        while (within >= quads_of(p)) within -= quads_of(p++);
-        const int64_t take = last - q < quads_of(p) - within ? last - q : quads_of(p) - within;
-        const int64_t begin = 4 * within;
-        const int64_t end = 4 * (within + take) < p->rows ? 4 * (within + take) : p->rows;
-        const int64_t rows = end - begin;
-        const uint8_t *w = p->w[e] + begin * p->row_bytes;
-        /* int8: each call quantizes its n tokens again; that is cols values a token, cheap
-         * next to reading rows x cols weights, and each token's codes are the same every time. */
-        status |= p->matmul(1, &p->type, &w, &rows, cols, x + first * cols, n,
-                            y + first * ldy + p->column + begin, ldy, 1);
-        q += take;
+    return (per_group * groups + PHASE_QUADS - 1) / PHASE_QUADS;
+}
+
+/* This thread's part of a phase, x [slots, cols] -> y [slots, ldy]: units from its share of
+ * `shares`, then stolen from the others' (work_shares.h: a thread descheduled mid-phase does not
+ * hold up the barrier after it by its whole share). Returns nonzero when a matmul rejects its
+ * weights. */
+static int phase(const Part *parts, int count_parts, const int64_t *chosen, int64_t groups,
+                 const int64_t *start, const float *x, int64_t cols, float *y, int64_t ldy,
+                 Share *shares, int threads, int me) {
+    int64_t per_group = 0;
+    for (int p = 0; p < count_parts; p++) per_group += quads_of(&parts[p]);
+    const int64_t total = per_group * groups;
+    int status = 0, k = 0;
+    for (int64_t u; (u = next_unit(shares, threads, me, &k)) >= 0;) {
+        const int64_t last = PHASE_QUADS * (u + 1) < total ? PHASE_QUADS * (u + 1) : total;
+        for (int64_t q = PHASE_QUADS * u; q < last;) {
+            const int64_t e = chosen[q / per_group], first = start[e], n = start[e + 1] - first;
+            int64_t within = q % per_group;
+            const Part *p = parts;
+            while (within >= quads_of(p)) within -= quads_of(p++);
+            const int64_t take = last - q < quads_of(p) - within ? last - q : quads_of(p) - within;
+            const int64_t begin = 4 * within;
+            const int64_t end = 4 * (within + take) < p->rows ? 4 * (within + take) : p->rows;
+            const int64_t rows = end - begin;
+            const uint8_t *w = p->w[e] + begin * p->row_bytes;
+            /* int8: each call quantizes its n tokens again; that is cols values a token, cheap
+             * next to reading rows x cols weights, and each token's codes are the same every
+             * time. */
+            status |= p->matmul(1, &p->type, &w, &rows, cols, x + first * cols, n,
+                                y + first * ldy + p->column + begin, ldy, 1);
+            q += take;
+        }
     }
     return status;
 }
@@ -140,6 +157,10 @@ static int experts_run(const Experts *m, int threads, const float *x, int64_t to
     const Part gate_up[2] = {{m->gate, m->types[0], inter, m->row_bytes[0], 0, matmul},
                              {m->up, m->types[1], inter, m->row_bytes[1], inter, matmul}};
     const Part down = {m->down, m->types[2], hidden, m->row_bytes[2], 0, matmul};
+    if (threads < 1) threads = 1;
+    Share up_shares[threads], down_shares[threads];
+    shares_init(up_shares, threads, phase_units(gate_up, 2, groups));
+    shares_init(down_shares, threads, phase_units(&down, 1, groups));
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -148,13 +169,15 @@ static int experts_run(const Experts *m, int threads, const float *x, int64_t to
 #else
         const int64_t id = 0, count = 1;
 #endif
-        int status = phase(gate_up, 2, chosen, groups, start, xs, hidden, gu, 2 * inter, id, count);
+        int status = phase(gate_up, 2, chosen, groups, start, xs, hidden, gu, 2 * inter, up_shares,
+                           threads, (int)id);
 #pragma omp barrier
         const int64_t s0 = slots * id / count, s1 = slots * (id + 1) / count;
         axon_act_and_mul(gu + s0 * 2 * inter, 2 * inter, h + s0 * inter, s1 - s0, inter,
                          m->activation);
 #pragma omp barrier
-        status |= phase(&down, 1, chosen, groups, start, h, inter, ys, hidden, id, count);
+        status |= phase(&down, 1, chosen, groups, start, h, inter, ys, hidden, down_shares, threads,
+                        (int)id);
 #pragma omp barrier
         const int64_t c0 = hidden * id / count, c1 = hidden * (id + 1) / count;
         for (int64_t t = 0; t < tokens; t++) { /* per column, the choices in order */

@@ -65,55 +65,7 @@ void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t h
     }
 }
 
-
-/* One decode query per sequence over its cached keys, read in place from the paged cache.
- *   q        [batch, heads, head_dim], rows ldq floats apart; query head h reads KV head
- *            h / (heads / kv_heads)
- *   k/v      [slots, kv_heads, head_dim] caches
- *   slots    [batch, width] cache slot of each context position (padding beyond its length)
- *   lens     [batch] context lengths; a window > 0 keeps the last `window` positions
- *   softcap  > 0: scores = tanh(scores / softcap) * softcap
- *   out      [batch, heads, head_dim]
- * `scratch` holds threads * width floats of scores. */
-void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cache,
-                                 const float *v_cache,
-                                 const int64_t *slots, int64_t width, const int64_t *lens,
-                                 int64_t batch, int64_t heads, int64_t kv_heads,
-                                 int64_t head_dim, float scale, float softcap, int64_t window,
-                                 float *out, float *scratch, int threads) {
-    const int64_t group = heads / kv_heads, pairs = batch * heads;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t pair = 0; pair < pairs; pair++) {
-#ifdef _OPENMP
-        float *scores = scratch + (int64_t)omp_get_thread_num() * width;
-#else
-        float *scores = scratch;
-#endif
-        const int64_t b = pair / heads, h = pair % heads, kv = h / group;
-        const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
-        const float *qh = q + b * ldq + h * head_dim;
-        float *o = out + pair * head_dim;
-        float top = -INFINITY;
-        for (int64_t p = start; p < len; p++) {
-            const float *kp = k_cache + (slots[b * width + p] * kv_heads + kv) * head_dim;
-            float s = dot(qh, kp, head_dim) * scale;
-            if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
-            scores[p] = s;
-            top = s > top ? s : top;
-        }
-        float total = 0.0f;
-        for (int64_t p = start; p < len; p++) total += scores[p] = expf(scores[p] - top);
-        const float norm = 1.0f / total;
-        memset(o, 0, head_dim * sizeof(float));
-        for (int64_t p = start; p < len; p++) {
-            const float *vp = v_cache + (slots[b * width + p] * kv_heads + kv) * head_dim;
-            const float weight = scores[p] * norm;
-            for (int64_t i = 0; i < head_dim; i++) o[i] += weight * vp[i];
-        }
-    }
-}
-
-/* ---- gated activations -------------------------------------------------------------------- */
+/* ---- eight-lane float vectors ------------------------------------------------------------- */
 
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
@@ -122,6 +74,14 @@ typedef int32_t i32x8 __attribute__((vector_size(32)));
 static inline f32x8 select8(i32x8 mask, f32x8 a, f32x8 b) {
     return (f32x8)(((i32x8)a & mask) | ((i32x8)b & ~mask));
 }
+
+static inline f32x8 load8(const float *p) {
+    f32x8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store8(float *p, f32x8 v) { memcpy(p, &v, sizeof v); }
 
 /* exp(x) in float32 to about 1 ulp, eight lanes at a time in plain vector arithmetic (libm's
  * expf is a call per element): 2^n * exp(r) with r = x - n ln2 (ln2 in two parts), exp(r) by
@@ -144,6 +104,232 @@ static inline f32x8 exp8(f32x8 x) {
     const i32x8 bits = (__builtin_convertvector(n, i32x8) + 127) << 23;
     return p * (f32x8)bits;
 }
+
+/* Lane i of the result = the sum of a[i]'s eight lanes: a transpose folded into the adds. */
+static inline f32x8 lane_sums8(const f32x8 a[8]) {
+    const i32x8 even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
+    const i32x8 low2 = {0, 1, 8, 9, 4, 5, 12, 13}, high2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const i32x8 low4 = {0, 1, 2, 3, 8, 9, 10, 11}, high4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    f32x8 pairs[4], quads[2];
+    for (int i = 0; i < 4; i++) /* [a0 01, a1 01, a0 23, a1 23, a0 45, a1 45, a0 67, a1 67] */
+        pairs[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) +
+                   __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
+    for (int i = 0; i < 2; i++) /* [a0 0-3, a1 0-3, a2 0-3, a3 0-3, a0 4-7, ..., a3 4-7] */
+        quads[i] = __builtin_shuffle(pairs[2 * i], pairs[2 * i + 1], low2) +
+                   __builtin_shuffle(pairs[2 * i], pairs[2 * i + 1], high2);
+    return __builtin_shuffle(quads[0], quads[1], low4) +
+           __builtin_shuffle(quads[0], quads[1], high4);
+}
+
+static inline float max_lanes8(f32x8 v) {
+    float m = v[0];
+    for (int l = 1; l < 8; l++) m = v[l] > m ? v[l] : m;
+    return m;
+}
+
+static inline float sum_lanes8(f32x8 v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+/* ---- paged decode attention --------------------------------------------------------------- */
+
+/* Positions are taken eight at a time: eight cache rows (keys, then values) per block. */
+#define ROWS 8
+
+/* One unit of decode attention: `kvs` consecutive KV heads of one sequence, `group` query heads
+ * each (or, kvs = 1, a part of one KV head's group), over positions [start, len). Query head
+ * (kv, h) is at q + (kv * group + h) * head_dim, its scores at scores + (kv * group + h) *
+ * width, its output at out + (kv * group + h) * head_dim. */
+typedef struct {
+    const float *q;
+    const float *k, *v;   /* cache + the first KV head's offset; position p's at + slots[p] * row */
+    const int64_t *slots; /* the sequence's slots */
+    int64_t row, start, len, kvs, group, head_dim;
+} Unit;
+
+/* The cache rows of positions p0 .. p0 + ROWS - 1; past len they repeat p0's (read, unused). */
+static inline void block_rows(const Unit *u, const float *cache, int64_t p0, const float **rows) {
+    for (int j = 0; j < ROWS; j++)
+        rows[j] = cache + u->slots[p0 + j < u->len ? p0 + j : p0] * u->row;
+}
+
+/* scores[(kv, h), p] = q_(kv, h) . k_(kv, p) * scale (softcapped): a block's key rows are read
+ * once for all heads of a KV head (ROWS rows stay in L1 while the heads pass over them), the
+ * KV heads of a position next to each other in the cache read in turn; ROWS independent dot
+ * products per head, their lanes summed together. */
+static void unit_scores(const Unit *u, float scale, float softcap, float *scores, int64_t width) {
+    const int64_t D = u->head_dim;
+    for (int64_t p0 = u->start; p0 < u->len; p0 += ROWS) {
+        const float *rows[ROWS];
+        block_rows(u, u->k, p0, rows);
+        const int n = u->len - p0 < ROWS ? (int)(u->len - p0) : ROWS;
+        for (int64_t hq = 0; hq < u->kvs * u->group; hq++) {
+            const int64_t off = hq / u->group * D;
+            const float *qh = u->q + hq * D;
+            f32x8 acc[ROWS] = {0};
+            int64_t i = 0;
+            for (; i + 8 <= D; i += 8) {
+                const f32x8 qv = load8(qh + i);
+                for (int j = 0; j < ROWS; j++) acc[j] += qv * load8(rows[j] + off + i);
+            }
+            f32x8 s = lane_sums8(acc);
+            for (; i < D; i++)
+                for (int j = 0; j < ROWS; j++) s[j] += qh[i] * rows[j][off + i];
+            s *= scale;
+            float *out = scores + hq * width + p0;
+            for (int j = 0; j < n; j++)
+                out[j] = softcap > 0.0f ? tanhf(s[j] / softcap) * softcap : s[j];
+        }
+    }
+}
+
+/* scores[start, len) <- their softmax, in place. */
+static void softmax_row(float *scores, int64_t start, int64_t len) {
+    f32x8 top8 = (f32x8){0} - INFINITY;
+    int64_t p = start;
+    for (; p + 8 <= len; p += 8) {
+        const f32x8 s = load8(scores + p);
+        top8 = select8(s > top8, s, top8);
+    }
+    float top = max_lanes8(top8);
+    for (int64_t t = p; t < len; t++) top = scores[t] > top ? scores[t] : top;
+    f32x8 total8 = {0};
+    for (p = start; p + 8 <= len; p += 8) {
+        const f32x8 e = exp8(load8(scores + p) - top);
+        store8(scores + p, e);
+        total8 += e;
+    }
+    if (p < len) { /* the last 1-7, through a vector padded with -inf (exp: 0) */
+        f32x8 s = (f32x8){0} - INFINITY;
+        for (int64_t t = p; t < len; t++) s[t - p] = scores[t] - top;
+        const f32x8 e = select8(s > -INFINITY, exp8(s), (f32x8){0});
+        for (int64_t t = p; t < len; t++) scores[t] = e[t - p];
+        total8 += e;
+    }
+    const float norm = 1.0f / sum_lanes8(total8);
+    for (p = start; p < len; p++) scores[p] *= norm;
+}
+
+/* out_h[i0, i0 + 8 TILE) += sum over the block's n positions of w_h[p] * v_p, for HEADS heads:
+ * HEADS x TILE accumulators in registers across the block, each value row read from L1. */
+static inline __attribute__((always_inline)) void
+weigh_tile(const int HEADS, const int TILE, float *out, int64_t D, const float *weights,
+           int64_t width, const float *const *rows, int n, int64_t i0) {
+    f32x8 acc[2][8]; /* [HEADS][TILE] used */
+    for (int h = 0; h < HEADS; h++)
+        for (int t = 0; t < TILE; t++) acc[h][t] = load8(out + h * D + i0 + 8 * t);
+    for (int j = 0; j < n; j++) {
+        f32x8 v[8];
+        for (int t = 0; t < TILE; t++) v[t] = load8(rows[j] + i0 + 8 * t);
+        for (int h = 0; h < HEADS; h++) {
+            const float w = weights[h * width + j];
+            for (int t = 0; t < TILE; t++) acc[h][t] += w * v[t];
+        }
+    }
+    for (int h = 0; h < HEADS; h++)
+        for (int t = 0; t < TILE; t++) store8(out + h * D + i0 + 8 * t, acc[h][t]);
+}
+
+/* out_h += the block's weighted value rows for `heads` (1 or 2) heads, in tiles of 4 or 8
+ * vectors (8 accumulators), then single vectors, then single lanes. */
+static void weigh_block(int heads, float *out, int64_t D, const float *weights, int64_t width,
+                        const float *const *rows, int n) {
+    const int64_t tile = heads == 2 ? 32 : 64;
+    int64_t i = 0;
+    for (; i + tile <= D; i += tile) {
+        if (heads == 2)
+            weigh_tile(2, 4, out, D, weights, width, rows, n, i);
+        else
+            weigh_tile(1, 8, out, D, weights, width, rows, n, i);
+    }
+    for (; i + 8 <= D; i += 8) {
+        if (heads == 2)
+            weigh_tile(2, 1, out, D, weights, width, rows, n, i);
+        else
+            weigh_tile(1, 1, out, D, weights, width, rows, n, i);
+    }
+    for (; i < D; i++)
+        for (int h = 0; h < heads; h++)
+            for (int j = 0; j < n; j++) out[h * D + i] += weights[h * width + j] * rows[j][i];
+}
+
+/* out [kvs * group, head_dim] = the weights' (scores') sums of value rows, each row read once
+ * per block for the heads that share it. */
+static void unit_values(const Unit *u, const float *weights, int64_t width, float *out) {
+    const int64_t D = u->head_dim, heads = u->kvs * u->group;
+    memset(out, 0, heads * D * sizeof(float));
+    for (int64_t p0 = u->start; p0 < u->len; p0 += ROWS) {
+        const float *rows[ROWS], *kv_rows[ROWS];
+        block_rows(u, u->v, p0, rows);
+        const int n = u->len - p0 < ROWS ? (int)(u->len - p0) : ROWS;
+        for (int64_t kv = 0; kv < u->kvs; kv++) {
+            for (int j = 0; j < ROWS; j++) kv_rows[j] = rows[j] + kv * D;
+            for (int64_t h = kv * u->group; h < (kv + 1) * u->group; h += 2)
+                weigh_block((kv + 1) * u->group - h >= 2 ? 2 : 1, out + h * D, D,
+                            weights + h * width + p0, width, kv_rows, n);
+        }
+    }
+}
+
+/* One decode query per sequence over its cached keys, read in place from the paged cache.
+ *   q        [batch, heads, head_dim], rows ldq floats apart; query head h reads KV head
+ *            h / (heads / kv_heads)
+ *   k/v      [slots, kv_heads, head_dim] caches
+ *   slots    [batch, width] cache slot of each context position (padding beyond its length)
+ *   lens     [batch] context lengths; a window > 0 keeps the last `window` positions
+ *   softcap  > 0: scores = tanh(scores / softcap) * softcap
+ *   out      [batch, heads, head_dim]
+ * `scratch` holds threads * heads * width floats of scores.
+ *
+ * Each unit of work is a sequence, two passes over its cache (scores, then their softmax's sum
+ * of values) that read each key and value row once for the query heads sharing it, a block of
+ * positions' KV heads side by side in the cache read in turn. With fewer than two sequences a
+ * thread, a unit is a part of a sequence's KV heads; with fewer KV heads than threads, a part of
+ * one KV head's query heads (gemma-3-270m has one KV head), at the price of reading its rows once
+ * per part. */
+void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cache,
+                                 const float *v_cache,
+                                 const int64_t *slots, int64_t width, const int64_t *lens,
+                                 int64_t batch, int64_t heads, int64_t kv_heads,
+                                 int64_t head_dim, float scale, float softcap, int64_t window,
+                                 float *out, float *scratch, int threads) {
+    int64_t kv_parts = 1, head_parts = 1, group = heads / kv_heads;
+    /* two units a thread at least, for balance: a sequence's KV heads split at no extra reads */
+    while (kv_parts < kv_heads && batch * kv_parts < 2 * threads) kv_parts++;
+    const int64_t kvs = (kv_heads + kv_parts - 1) / kv_parts;
+    kv_parts = (kv_heads + kvs - 1) / kvs;
+    while (kvs == 1 && head_parts < group && batch * kv_parts * head_parts < threads)
+        head_parts++;
+    const int64_t part_heads = (group + head_parts - 1) / head_parts;
+    head_parts = (group + part_heads - 1) / part_heads;
+    const int64_t units = batch * kv_parts * head_parts;
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1)
+    for (int64_t unit = 0; unit < units; unit++) {
+#ifdef _OPENMP
+        float *scores = scratch + (int64_t)omp_get_thread_num() * heads * width;
+#else
+        float *scores = scratch;
+#endif
+        const int64_t b = unit / (kv_parts * head_parts), kv0 = unit / head_parts % kv_parts * kvs;
+        const int64_t part = unit % head_parts, h0 = kv0 * group + part * part_heads;
+        const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
+        Unit u = {q + b * ldq + h0 * head_dim, k_cache + kv0 * head_dim,
+                  v_cache + kv0 * head_dim, slots + b * width, kv_heads * head_dim, start, len,
+                  kv0 + kvs <= kv_heads ? kvs : kv_heads - kv0,
+                  group - part * part_heads < part_heads ? group - part * part_heads : part_heads,
+                  head_dim};
+        float *o = out + (b * heads + h0) * head_dim;
+        if (start >= len) {
+            memset(o, 0, u.kvs * u.group * head_dim * sizeof(float));
+            continue;
+        }
+        unit_scores(&u, scale, softcap, scores, width);
+        for (int64_t h = 0; h < u.kvs * u.group; h++) softmax_row(scores + h * width, start, len);
+        unit_values(&u, scores, width, o);
+    }
+}
+
+/* ---- gated activations -------------------------------------------------------------------- */
 
 /* act(gate) * up for eight lanes: silu (kind 0), or gelu with the tanh approximation written as
  * g * sigmoid(2u), the same function as 0.5 g (1 + tanh(u)), u = sqrt(2 / pi) (g + 0.044715 g^3). */
@@ -186,39 +372,5 @@ void axon_cache_write(const float *k, int64_t ldk, const float *v, int64_t ldv,
     for (int64_t t = 0; t < tokens; t++) {
         memcpy(k_cache + slots[t] * width, k + t * ldk, width * sizeof(float));
         memcpy(v_cache + slots[t] * width, v + t * ldv, width * sizeof(float));
-    }
-}
-
-/* ---- greedy sampling ---------------------------------------------------------------------- */
-
-/* out[r] = the first index of the largest value of row r (rows ld floats apart), as torch's
- * argmax: a NaN counts as larger than everything, so the first NaN wins. One vector pass for
- * the maximum (and whether a NaN is present), then a scan for its first position. */
-void axon_argmax_rows(const float *x, int64_t ld, int64_t rows, int64_t cols, int64_t *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = x + r * ld;
-        f32x8 best = (f32x8){0} - INFINITY;
-        i32x8 nan = {0};
-        int64_t i = 0;
-        for (; i + 8 <= cols; i += 8) {
-            f32x8 v;
-            memcpy(&v, row + i, sizeof v);
-            nan |= v != v;
-            best = select8(v > best, v, best);
-        }
-        float top = -INFINITY;
-        int has_nan = 0;
-        for (int l = 0; l < 8; l++) {
-            top = best[l] > top ? best[l] : top;
-            has_nan |= nan[l] != 0;
-        }
-        for (; i < cols; i++) {
-            has_nan |= row[i] != row[i];
-            top = row[i] > top ? row[i] : top;
-        }
-        int64_t index = 0;
-        for (i = 0; i < cols; i++)
-            if (has_nan ? row[i] != row[i] : row[i] == top) break;
-        out[r] = i < cols ? i : index;
     }
 }

@@ -1,5 +1,5 @@
 """Fused float32 CPU operations (cpu_ops.c, through ctypes): RMSNorm, rotary, gated
-activations, the KV cache write, paged decode attention and greedy argmax. Each replaces a
+activations, the KV cache write and paged decode attention. Each replaces a
 sequence of small torch ops whose dispatch costs far more than its arithmetic at decode sizes;
 each has a pure-PyTorch reference twin in `axon.layers` that runs on other devices and dtypes,
 and that the tests compare against.
@@ -30,7 +30,6 @@ def _library() -> ctypes.CDLL | None:
     lib.axon_rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32, i32]
     lib.axon_rotary.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
     lib.axon_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
-    lib.axon_argmax_rows.argtypes = [ptr, i64, i64, i64, ptr]
     lib.axon_cache_write.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr]
     lib.axon_paged_decode_attention.argtypes = [
         *(ptr, i64, ptr, ptr, ptr, i64, ptr),
@@ -91,7 +90,7 @@ def paged_decode_attention(
     width = key_slots.shape[1]
     work = batch * heads * width * head_dim
     threads = torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
-    scratch = torch.empty(threads * width, dtype=torch.float32)
+    scratch = torch.empty(threads * heads * width, dtype=torch.float32)
     out = torch.empty_like(q)
     _library().axon_paged_decode_attention(
         q.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
@@ -130,13 +129,3 @@ def cache_write(
         k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slots.data_ptr(), tokens, width,
         k_cache.data_ptr(), v_cache.data_ptr(),
     )  # fmt: skip
-
-
-def argmax(x: torch.Tensor) -> torch.Tensor:
-    """x [B, V] (rows contiguous) -> the first index of each row's maximum [B] int64, NaN
-    counting as the maximum (torch's argmax, which is ~10x slower over a 262k vocabulary)."""
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    out = torch.empty(x.shape[0], dtype=torch.long)
-    _library().axon_argmax_rows(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
-    return out

@@ -31,6 +31,7 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+#include "work_shares.h"
 
 enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
@@ -808,10 +809,50 @@ static rows_fn rows_kernel(int type) {
     }
 }
 
+/* One call of axon_ggml_matmul_parts as its units of work see it. */
+typedef struct {
+    int parts;
+    const int *types;
+    const uint8_t *const *ws;
+    const int64_t *rows;
+    int64_t cols;
+    const float *x;
+    const Token *token;
+    int64_t tokens;
+    float *y;
+    int64_t ldy, quads;
+} Quads;
+
+#define UNIT_QUADS 8 /* row quads per unit of work (32 rows) */
+
+/* Unit u: row quads [8u, 8u + 8) of all the parts together. */
+static int run_quads(const void *ctx, int64_t u) {
+    const Quads *c = ctx;
+    const int64_t first = u * UNIT_QUADS, last = first + UNIT_QUADS < c->quads ? first + UNIT_QUADS : c->quads;
+    int64_t part_first = 0, column = 0; /* the part's first quad, its first column */
+    for (int p = 0; p < c->parts; p++) {
+        const int64_t part_quads = (c->rows[p] + 3) / 4;
+        const int64_t lo = first > part_first ? first : part_first;
+        const int64_t hi = last < part_first + part_quads ? last : part_first + part_quads;
+        if (lo < hi) {
+            const int64_t blocks = c->cols / block_size(c->types[p]);
+            const int64_t row_bytes = blocks * block_bytes(c->types[p]);
+            const int64_t begin = (lo - part_first) * 4;
+            const int64_t end = (hi - part_first) * 4 < c->rows[p] ? (hi - part_first) * 4 : c->rows[p];
+            rows_kernel(c->types[p])(c->ws[p], row_bytes, blocks, begin, end, c->x, c->token, c->cols,
+                                     c->tokens, c->y + column, c->ldy);
+        }
+        part_first += part_quads;
+        column += c->rows[p];
+    }
+    return 1;
+}
+
 /* y [tokens, ldy] = x [tokens, cols] @ [W_0; W_1; ...].T for `parts` weights W_p [rows[p], cols]
  * in formats types[p] (a fused projection such as q, k, v, kept as separate GGUF tensors): part
  * p fills the columns after those of the parts before it. The row quads of all parts are split
- * across the threads in one parallel region. */
+ * across the threads in one parallel region, a contiguous share each, shares stolen from the back
+ * by a thread done with its own (axon_run_shares). */
 int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
                            const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
                            float *y, int64_t ldy, int threads) {
@@ -844,32 +885,8 @@ int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws
         token.digits = digits, token.dscale = dscale;
     }
 #endif
-    if (threads < 1) threads = 1;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-#ifdef _OPENMP
-        const int64_t id = omp_get_thread_num(), count = omp_get_num_threads();
-#else
-        const int64_t id = 0, count = 1;
-#endif
-        const int64_t first = quads * id / count, last = quads * (id + 1) / count;
-        int64_t part_first = 0, column = 0; /* the part's first quad, its first column */
-        for (int p = 0; p < parts; p++) {
-            const int64_t part_quads = (rows[p] + 3) / 4;
-            const int64_t lo = first > part_first ? first : part_first;
-            const int64_t hi = last < part_first + part_quads ? last : part_first + part_quads;
-            if (lo < hi) {
-                const int64_t blocks = cols / block_size(types[p]);
-                const int64_t row_bytes = blocks * block_bytes(types[p]);
-                const int64_t begin = (lo - part_first) * 4;
-                const int64_t end = (hi - part_first) * 4 < rows[p] ? (hi - part_first) * 4 : rows[p];
-                rows_kernel(types[p])(ws[p], row_bytes, blocks, begin, end, x, &token, cols, tokens,
-                                      y + column, ldy);
-            }
-            part_first += part_quads;
-            column += rows[p];
-        }
-    }
+    const Quads call = {parts, types, ws, rows, cols, x, &token, tokens, y, ldy, quads};
+    run_shares((quads + UNIT_QUADS - 1) / UNIT_QUADS, threads < 1 ? 1 : threads, run_quads, &call);
     return 0;
 }
 

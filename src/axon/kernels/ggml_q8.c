@@ -18,7 +18,8 @@
  * broadcast 16 rows. Threads take units of 16 rows (dynamically); decoding a panel prefetches
  * the rows a unit per thread on (cold weights: the LM head at 16 tokens). One token skips the
  * panels: 8 rows at a time straight from the blocks (gemv_k, gemv_32), the same float steps, each
- * thread a contiguous share of the rows; K-quant rows of up to 3072 values are read one after
+ * thread a contiguous share of the rows (stolen from the back by a thread done with its own:
+ * work_shares.h); K-quant rows of up to 3072 values are read one after
  * the other (gemv_k_rows), legacy rows always 8 side by side.
  *
  * Per block of one row and one token, with exact integer sums isum and msum:
@@ -39,6 +40,7 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+#include "work_shares.h"
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define Q8_VNNI 1
 #endif
@@ -1052,6 +1054,8 @@ static int run_work(const Call *c, int64_t u) {
     return 1;
 }
 
+static int run_call(const void *call, int64_t u) { return run_work((const Call *)call, u); }
+
 #define KEEP_ACTS_BYTES (32 << 20) /* larger activations are allocated per call, not kept */
 
 /* The quantized activations of the call, in this thread's kept buffer, or in a new one (*owned,
@@ -1105,13 +1109,9 @@ int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
     int failed = 0;
     if (tokens == 1) {
         /* A memory stream: each thread walks one contiguous share of the rows, as the exact
-         * GEMV does (units handed out in turn broke the prefetcher's streams every 32 rows). */
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && units > 1)
-        for (int64_t u = 0; u < units; u++)
-            if (!run_work(&call, u)) { /* only without AVX2: one token then uses the panels */
-#pragma omp atomic write
-                failed = 1;
-            }
+         * GEMV does (units handed out in turn broke the prefetcher's streams every 32 rows),
+         * and steals from the others' when its own is done. */
+        failed = !run_shares(units, threads, run_call, &call);
     } else {
         /* Dynamic: on a shared machine a descheduled thread's static share held up the rest. */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)

@@ -43,9 +43,10 @@ def load_gguf_tokenizer(path: str | Path):
     so the HTTP process stays free of torch."""
     path = Path(path)
     if (path.parent / "tokenizer.json").exists():
-        from transformers import AutoTokenizer
+        # AutoTokenizer's class, recorded once: a repeat load imports neither torch nor it.
+        from axon.tokenizer.auto_class import load_auto_tokenizer
 
-        return AutoTokenizer.from_pretrained(str(path.parent))
+        return load_auto_tokenizer(str(path.parent))
     key = tokenizer_cache_key(path)
     built: list = []
 

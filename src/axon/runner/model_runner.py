@@ -18,7 +18,7 @@ from axon.layers.quantized import use_int8_activations
 from axon.loader import load_hf_config, progress
 from axon.loader.weights import load_weights
 from axon.models.registry import get_model_class
-from axon.runner import adaptive_threads, host_memory, images, tensor_parallel
+from axon.runner import adaptive_threads, decode_batch, host_memory, images, tensor_parallel
 from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
 from axon.sampling import Sampler
 from axon.sequence import ImageInputs, Sequence
@@ -45,6 +45,7 @@ class StepBatch:
     # for "mean" `pool_segments` [T] gives each row's scheduled-sequence index.
     pooling: str | None = None
     pool_segments: torch.Tensor | None = None
+    samples_every_row: bool = False  # logits_indices is arange(T): no gather of rows needed
 
 
 class ModelRunner:
@@ -75,6 +76,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = self.text_config.vocab_size
         self.thread_tuner = adaptive_threads.for_engine(config, self.device)  # None: fixed count
+        # Decode inputs reused step to step: one CPU rank only (see HostBuffers).
+        single_cpu = self.device.type == "cpu" and self.workers is None
+        self._decode_host = decode_batch.HostBuffers() if single_cpu else None
 
     def close(self) -> None:
         """Stops the other tensor-parallel ranks (rank 0; nothing with a single rank)."""
@@ -184,6 +188,9 @@ class ModelRunner:
         return rows
 
     def prepare(self, out: SchedulerOutput) -> StepBatch:
+        """Return the flat batch of `out`'s scheduled tokens (images encoded as they start)."""
+        if decode_batch.is_decode_only(out):
+            return self._prepare_decodes(out)
         input_ids, positions, slots, prefills, decode_rows, decode_seqs = [], [], [], [], [], []
         logits_indices, sampling_seqs, end_saves = [], [], []
         snapshot_rows = self._snapshot_rows(out)
@@ -225,6 +232,21 @@ class ModelRunner:
         )
         self._add_images(batch, out)
         return batch
+
+    def _prepare_decodes(self, out: SchedulerOutput) -> StepBatch:
+        """A decode-only step's batch: the general path's values, with a few ops (decode_batch)."""
+        host = self._decode_host
+        inputs = decode_batch.decode_inputs(out, self.plan.block_size, self.device, host)
+        base = self.plan.num_state_slots
+        return StepBatch(
+            inputs.input_ids,
+            inputs.positions,
+            inputs.attn,
+            inputs.rows,
+            [seq for seq, _ in out.scheduled],
+            [(base + index, slot) for slot, index in out.state_restores],
+            samples_every_row=True,
+        )
 
     # ---- images -----------------------------------------------------------------------------
 
@@ -357,7 +379,9 @@ class ModelRunner:
         self._copy_states(batch.state_saves)
         if batch.pooling is not None:
             return self.pool(hidden, batch)
-        return self.model.compute_logits(hidden[batch.logits_indices])
+        if not batch.samples_every_row:
+            hidden = hidden[batch.logits_indices]  # [B, hidden]
+        return self.model.compute_logits(hidden)
 
     @staticmethod
     def pool(hidden: torch.Tensor, batch: StepBatch) -> torch.Tensor:

@@ -14,7 +14,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from axon.sampling.penalties import PenaltyCounts, PenaltyTensors, penalty_tensors_ref
+from axon.sampling.penalties import (
+    PenaltyCounts,
+    PenaltyTensors,
+    has_penalty,
+    penalty_tensors_ref,
+)
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
 
@@ -110,6 +115,16 @@ class SamplingMetadata:
     num_logprobs: list[int | None]  # [B] each row's SamplingParams.logprobs
 
     @property
+    def greedy_only(self) -> bool:
+        """Return whether every row is a plain argmax: no random rows, logit edits or logprobs."""
+        return (
+            self.plain is None
+            and self.filtered is None
+            and self.logprob_rows is None
+            and not self.edits_logits
+        )
+
+    @property
     def edits_logits(self) -> bool:
         """Return whether a stage before the greedy/random split rewrites logits."""
         return self.penalties is not None or self.bias is not None or self.banned_rows is not None
@@ -128,6 +143,10 @@ class SamplingMetadata:
         tokens sampled since its last step; without it the penalties are rebuilt from the
         sequences' full token lists (the same pairs, at a cost that grows with their length).
         """
+        if all(_plain_greedy(seq) for seq in seqs):  # decode's common case: one argmax a row
+            if penalty_counts is not None:
+                penalty_counts.release_departed()
+            return cls.all_greedy(len(seqs), vocab_size, device)
         params = [seq.sampling_params for seq in seqs]
         greedy = [i for i, p in enumerate(params) if p.greedy]
         plain = [i for i, p in enumerate(params) if not p.greedy and not _has_filter(p)]
@@ -149,6 +168,49 @@ class SamplingMetadata:
             logprob_rows=_long(logprob_rows, device) if logprob_rows else None,
             num_logprobs=[p.logprobs for p in params],
         )
+
+    @classmethod
+    def all_greedy(cls, num_rows: int, vocab_size: int, device: torch.device) -> SamplingMetadata:
+        """Return the metadata of `num_rows` greedy rows that nothing else applies to."""
+        return cls(
+            num_rows=num_rows,
+            vocab_size=vocab_size,
+            greedy_rows=row_range(num_rows, device),
+            plain=None,
+            filtered=None,
+            penalties=None,
+            bias=None,
+            banned_rows=None,
+            banned_ids=None,
+            logprob_rows=None,
+            num_logprobs=[None] * num_rows,
+        )
+
+
+# arange(num_rows) per (num_rows, device): read-only, so every step of that size shares one.
+_ROW_RANGES: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def row_range(num_rows: int, device: torch.device) -> torch.Tensor:
+    """Return arange(num_rows) [num_rows] long on `device` (cached: do not write to it)."""
+    key = (num_rows, device)
+    rows = _ROW_RANGES.get(key)
+    if rows is None:
+        rows = _ROW_RANGES[key] = torch.arange(num_rows, device=device)
+    return rows
+
+
+def _plain_greedy(seq: Sequence) -> bool:
+    """Whether `seq`'s next token is a plain argmax: greedy, with no penalty, logit_bias,
+    logprobs or min_tokens still to hold."""
+    params = seq.sampling_params
+    return (
+        params.greedy
+        and params.logprobs is None
+        and not params.logit_bias
+        and not has_penalty(params)
+        and seq.num_output_tokens >= params.min_tokens
+    )
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:

@@ -128,7 +128,7 @@ class PenaltyCounts:
     def tensors(self, seqs: list[Sequence]) -> PenaltyTensors | None:
         """Return the pairs the penalties change for a batch whose row i is `seqs[i]`, or None
         when no row has a penalty; first brings every penalised row's counts up to date."""
-        self._release_departed()
+        self.release_departed()
         batch_rows = [i for i, seq in enumerate(seqs) if has_penalty(seq.sampling_params)]
         if not batch_rows:
             return None
@@ -150,7 +150,7 @@ class PenaltyCounts:
         pair_ids = self.ids.view(-1).index_select(0, pool_index)  # [T]
         return _pair_tensors(params, pair_rows, pair_ids, counts, row_of)
 
-    def _release_departed(self) -> None:
+    def release_departed(self) -> None:
         """Give back the slots of sequences that finished or were preempted (recounted when
         they resume: their tokens are the same, but a fresh count needs no bookkeeping)."""
         for seq_id, state in list(self.rows.items()):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
-from axon.kernels import cpu_ops
 from axon.sampling.metadata import FilteredRows, PenaltyTensors, RandomRows, SamplingMetadata
 
 _MASK32 = 0xFFFFFFFF
@@ -48,7 +48,6 @@ class Sampler(nn.Module):
         super().__init__()
         self._vocab_hashes: dict[tuple[int, torch.device], torch.Tensor] = {}
 
-    @torch.inference_mode()
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         """Return the sampled token (and requested logprobs) of each row of `logits` [B, V].
 
@@ -57,7 +56,13 @@ class Sampler(nn.Module):
         if tuple(logits.shape) != (meta.num_rows, meta.vocab_size):
             expected = (meta.num_rows, meta.vocab_size)
             raise ValueError(f"logits shape {tuple(logits.shape)} != metadata's {expected}")
-        logits = logits.float()  # [B, V]
+        if meta.greedy_only:  # decode's hot path: one argmax a row and nothing else
+            return SamplerOutput(greedy_token_ids(logits.float()), [None] * meta.num_rows)
+        return self._sample(logits.float(), meta)
+
+    @torch.inference_mode()
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        """`forward` for a batch with random rows, logit edits or logprobs; logits [B, V]."""
         # Contiguous: the stages below edit it through a 1-D view.
         processed = (
             logits.clone(memory_format=torch.contiguous_format) if meta.edits_logits else logits
@@ -101,10 +106,23 @@ class Sampler(nn.Module):
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the vocabulary [B]; the C kernel on CPU float32 (same result)."""
-    if cpu_ops.usable(logits) and logits.dim() == 2:
-        return cpu_ops.argmax(logits)
+    """Return each row's argmax [B] long: its first maximum, or its first NaN (torch's rule).
+
+    On CPU float32 numpy's vectorised argmax reads a row once, ~20 us over a 262k vocabulary,
+    where torch's takes ~220 us and cpu_ops.argmax's scalar scan for the maximum's position
+    up to ~150 us more. The result is the same.
+    """
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2:
+        token_ids = logits.detach().numpy().argmax(axis=1)  # [B] intp
+        return torch.from_numpy(token_ids.astype(np.int64, copy=False))
     return logits.argmax(dim=-1)
+
+
+def greedy_token_ids(logits: torch.Tensor) -> list[int]:
+    """Return `greedy(logits)` as a list, with no tensor in between on CPU float32."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2:
+        return logits.detach().numpy().argmax(axis=1).tolist()
+    return greedy(logits).tolist()
 
 
 def _take_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -108,8 +108,14 @@ def first_token(model_id: str, seconds: float) -> None:
     TTFT.labels(model_id).observe(seconds)
 
 
+_ITL_BY_MODEL: dict = {}  # model id -> its ITL child: `labels` (a lock, a check) ran per token
+
+
 def inter_token(model_id: str, seconds: float) -> None:
-    ITL.labels(model_id).observe(seconds)
+    child = _ITL_BY_MODEL.get(model_id)
+    if child is None:
+        child = _ITL_BY_MODEL[model_id] = ITL.labels(model_id)
+    child.observe(seconds)
 
 
 def request_finished(
