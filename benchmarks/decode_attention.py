@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from axon.kernels import build, cpu_ops
+from int8_matmul import per_call_us  # the sibling script (benchmarks/ is on sys.path)
 
 OLD_SOURCE = r"""
 #include <math.h>
@@ -133,24 +134,6 @@ def caller(function, case, threads: int):
     return call, out
 
 
-def per_call_us(fns, budget_s: float) -> list[float]:
-    """Each fn's fastest batch time per call in microseconds, the fns taking turns batch by
-    batch (a shared machine's load drifts: turns give each the same chances)."""
-    for fn in fns:
-        fn()
-    runs, best = 1, [float("inf")] * len(fns)
-    start = time.perf_counter()
-    while time.perf_counter() - start < budget_s:
-        for i, fn in enumerate(fns):
-            begin = time.perf_counter()
-            for _ in range(runs):
-                fn()
-            best[i] = min(best[i], (time.perf_counter() - begin) / runs)
-        if max(best) < 2e-3:
-            runs *= 2
-    return [b * 1e6 for b in best]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=0.6, help="seconds per shape")
@@ -165,7 +148,7 @@ def main() -> None:
         for threads in (1, 2):
             old_call, old_out = caller(old, case, threads)
             new_call, new_out = caller(new, case, threads)
-            old_us, new_us = per_call_us([old_call, new_call], args.budget)
+            old_us, new_us = per_call_us([old_call, new_call], time.perf_counter, args.budget)
             diff = float((old_out - new_out).abs().max())
             print(f"{name:16} {batch:5} {context:5} {threads:3} {old_us:9.1f} {new_us:9.1f} "
                   f"{old_us / new_us:7.2f}  {diff:.1e}")  # fmt: skip
