@@ -15,8 +15,9 @@
  * the 8 rows and one 32-bit broadcast of a token's 4 int8 values multiplies all of them
  * (VNNI dpbusd: 8 rows' 4-term dot products in one instruction; AVX2: maddubs + madd). A tile
  * is 2 panels (16 rows) x up to 6 tokens: every loaded weight vector serves 6 tokens, every
- * broadcast 16 rows. Threads take units of 16 rows (dynamically); decoding a panel prefetches
- * the rows a unit per thread on (cold weights: the LM head at 16 tokens). One token skips the
+ * broadcast 16 rows. Threads take units of 16 rows, a contiguous share each, stolen from the
+ * back by a thread done with its own (work_shares.h); decoding a panel prefetches the rows a
+ * unit on (cold weights: the LM head at 16 tokens). One token skips the
  * panels: 8 rows at a time straight from the blocks (gemv_k, gemv_32), the same float steps, each
  * thread a contiguous share of the rows (stolen from the back by a thread done with its own:
  * work_shares.h); K-quant rows of up to 3072 values are read one after
@@ -63,7 +64,7 @@ enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_
 #define PF32_AHEAD 12288 /* legacy, one token: bytes ahead of the rows (2-8, 24 KiB: slower) */
 #endif
 #ifndef AHEAD_UNITS
-#define AHEAD_UNITS 1 /* a panel decode prefetches this many units x threads on (2, 4: no faster) */
+#define AHEAD_UNITS 1 /* a panel decode prefetches this many units on (2, 4: no faster) */
 #endif
 #ifndef CHUNK_BYTES
 #define CHUNK_BYTES (512 << 10) /* many tokens: a pass's int8 activations, at least 256 tokens */
@@ -1103,24 +1104,16 @@ int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
      * L2 while every unit's tiles sweep them (a 2048-token prefill swept 2 MB from L3 per 16
      * rows); each pass decodes the panels again, ~5 % of a 256-token pass. */
     const int64_t chunk = tokens == 1 ? 1 : (CHUNK_BYTES / cols > 256 ? CHUNK_BYTES / cols : 256) / TILE * TILE;
-    const Call call = {types, ws, rows, cols, tokens, ldy, UNIT * PANEL * AHEAD_UNITS * (int64_t)threads,
+    /* A thread's next unit is the adjacent one (its share's front): decoding a panel prefetches
+     * the rows AHEAD_UNITS units on. */
+    const Call call = {types, ws, rows, cols, tokens, ldy, UNIT * PANEL * AHEAD_UNITS,
                        units, chunk, &k_acts, &acts32, y};
     if (tokens > 1) units *= (tokens + chunk - 1) / chunk;
-    int failed = 0;
-    if (tokens == 1) {
-        /* A memory stream: each thread walks one contiguous share of the rows, as the exact
-         * GEMV does (units handed out in turn broke the prefetcher's streams every 32 rows),
-         * and steals from the others' when its own is done. */
-        failed = !run_shares(units, threads, run_call, &call);
-    } else {
-        /* Dynamic: on a shared machine a descheduled thread's static share held up the rest. */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && units > 1)
-        for (int64_t u = 0; u < units; u++)
-            if (!run_work(&call, u)) {
-#pragma omp atomic write
-                failed = 1;
-            }
-    }
+    /* A memory stream: each thread walks one contiguous share of the units (handed out in turn
+     * they broke the prefetcher's streams every 32 rows at one token; a 16-token LM head on 2
+     * threads was 1-8 % slower) and steals from the back of the others' when its own is done,
+     * so a descheduled thread holds up no more than the unit it is in. */
+    const int failed = !run_shares(units, threads, run_call, &call);
     free(owned);
     return failed ? -2 : 0;
 }
