@@ -38,7 +38,7 @@ Q4_K, Q6_K = 12, 14
 BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
 
 
-def build(revision: str | None, out: Path) -> ctypes.CDLL:
+def build_kernels(revision: str | None, out: Path) -> ctypes.CDLL:
     """The kernels library from `revision`'s sources (None: the working tree)."""
     src = out / (revision or "tree")
     src.mkdir(parents=True)
@@ -138,8 +138,8 @@ def main() -> None:
         ),
     }
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"static (base)": build(args.base, Path(tmp))}
-        libs["stolen (tree)"] = build(None, Path(tmp))
+        libs = {"static (base)": build_kernels(args.base, Path(tmp))}
+        libs["stolen (tree)"] = build_kernels(None, Path(tmp))
         load = os.getloadavg()
         print(f"load average {load[0]:.1f} {load[1]:.1f}; {args.threads} threads; "
               f"interferer: {args.burst_ms} ms busy every {args.period_ms} ms")  # fmt: skip

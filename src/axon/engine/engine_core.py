@@ -180,11 +180,7 @@ class EngineCore:
             return self._embed_step(out, batch)
         logits = self.runner.forward_logits(batch)
         sampled, logprobs = self._sample(batch.sampling_seqs, logits)
-        self.num_prompt_tokens += sum(
-            seq.num_new_prompt_tokens(n)
-            for seq, n in out.scheduled
-            if seq.num_computed_tokens < seq.num_prompt_tokens  # else 0: a decode
-        )
+        self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)
         finished = self.scheduler.update(out, sampled)
         self.num_generation_tokens += len(sampled)
         updates = [self._update_of(seq, sampled, logprobs) for seq, _ in out.scheduled]
