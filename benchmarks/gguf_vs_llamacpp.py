@@ -51,7 +51,15 @@ TARGET_DECODE, TARGET_16_STREAMS = 1.0, 2.0
 
 
 def ensure_llamacpp(venv: Path) -> Path:
-    """The venv's python, after building llama-cpp-python into it when it does not import."""
+    """The venv's python, after building llama-cpp-python into it when it does not import (on a
+    CPU that lists AMX: a separate venv built without AMX, see llama_server.NO_AMX_FLAGS)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from llama_server import NO_AMX_FLAGS, has_amx
+
+    env = dict(os.environ)
+    if has_amx():
+        venv = venv.with_name(venv.name + "-noamx")
+        env["CMAKE_ARGS"] = " ".join(NO_AMX_FLAGS)
     python = venv / "bin" / "python"
     probe = [str(python), "-c", "import llama_cpp, numpy"]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
@@ -61,10 +69,13 @@ def ensure_llamacpp(venv: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     with log.open("w") as out:
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-v", "llama-cpp-python", "numpy"],
+            # no cached wheel: one built for another CPU (or with AMX) would be reused
+            [str(python), "-m", "pip", "install", "-v", "--no-cache-dir", "llama-cpp-python"]
+            + ["numpy"],
             stdout=out,
             stderr=subprocess.STDOUT,
             check=True,
+            env=env,
         )
     return python
 

@@ -34,6 +34,29 @@ CMAKE_FLAGS = [
     "-DLLAMA_BUILD_SERVER=ON",
     "-DCMAKE_BUILD_TYPE=Release",
 ]
+# On a CPU that lists AMX, `-march=native` compiles ggml's AMX kernels in, and llama-server died
+# at its first tile instruction (`tilezero`: trap invalid opcode, a Xeon VM, 2026-12-04). There
+# the build names the native AVX-512 features one by one instead, without AMX.
+NO_AMX_FLAGS = [
+    "-DGGML_NATIVE=OFF",
+    *(f"-DGGML_{f}=ON" for f in ("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX_VNNI", "AVX512")),
+    *(f"-DGGML_AVX512_{f}=ON" for f in ("VBMI", "VNNI", "BF16")),
+]
+
+
+def has_amx() -> bool:
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def cmake_flags() -> tuple[list[str], str]:
+    """(cmake flags, the binary's directory suffix): native, or native less AMX (see above)."""
+    if not has_amx():
+        return CMAKE_FLAGS, ""
+    flags = [f for f in CMAKE_FLAGS if not f.startswith("-DGGML_NATIVE")] + NO_AMX_FLAGS
+    return flags, "-noamx"
 
 
 def find_sdist() -> Path:
@@ -74,16 +97,17 @@ def build_llama_server(jobs: int = 2) -> Path:
     (logged to ~/.cache/axon-bench/llama-server-<version>.log)."""
     sdist = find_sdist()
     version = sdist_version(sdist)
-    binary = CACHE / f"llama-server-{version}" / "llama-server"
+    flags, suffix = cmake_flags()
+    binary = CACHE / f"llama-server-{version}{suffix}" / "llama-server"
     if binary.exists():
         return binary
     source = extract_sources(sdist, CACHE / f"llama-server-src-{version}")
-    build = source / "build"
-    log = CACHE / f"llama-server-{version}.log"
+    build = source / f"build{suffix}"
+    log = CACHE / f"llama-server-{version}{suffix}.log"
     print(f"building llama-server {version} from {source} (log: {log}) ...", flush=True)
     nice = ["nice", "-n", "10"]
     with log.open("w") as out:
-        configure = [*nice, "cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS]
+        configure = [*nice, "cmake", "-S", str(source), "-B", str(build), *flags]
         subprocess.run(configure, stdout=out, stderr=subprocess.STDOUT, check=True)
         compile_ = [*nice, "cmake", "--build", str(build), "--target", "llama-server"]
         subprocess.run(

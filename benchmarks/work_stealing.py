@@ -32,7 +32,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = "src/axon/kernels"
-FILES = ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c", "work_shares.h")
+FILES = ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c")
+FILES += ("work_shares.h", "k_scales.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 Q4_K, Q6_K = 12, 14
 BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
@@ -51,7 +52,7 @@ def build_kernels(revision: str | None, out: Path) -> ctypes.CDLL:
                 capture_output=True,
             )
             if shown.returncode != 0:
-                continue  # work_shares.h did not exist yet
+                continue  # a header that did not exist yet
             data = shown.stdout
         (src / name).write_bytes(data)
     sources = [str(p) for p in sorted(src.glob("*.c"))]

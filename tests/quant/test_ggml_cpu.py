@@ -96,8 +96,10 @@ def test_long_batches_of_a_dense_float32_weight():
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
 def test_k_quant_batch_one_keeps_float32_accuracy(qtype):
     """At batch 1 the K-quants multiply integer codes by x held as a 24-bit fixed point per 256
-    values: with an activation outlier 300x the rest, the error against float64 stays at the
-    float32 path's level."""
+    values: with an activation outlier 300x the rest, the error against float64 stays within
+    what rounding x to that fixed point allows (|w| times one step, max|x| / (2^23 - 1), of its
+    block) plus the float32 path's own level. (The float32 path's error alone, the bound this
+    test had, depends on the BLAS: it was a few percent too tight on an Intel Xeon.)"""
     qt = _tensor(qtype)
     x = torch.randn(5, COLS, generator=torch.Generator().manual_seed(3))  # the 5th runs at batch 1
     x[:, 7] = 300.0
@@ -105,8 +107,11 @@ def test_k_quant_batch_one_keeps_float32_accuracy(qtype):
     want = x.double() @ weight.double().T
     got = QuantizedMatmul(qt)(x)
     float32_error = float((matmul_ref(x, qt).double() - want).abs().max())
-    error = float((got.double() - want).abs().max())
-    assert error <= max(4 * float32_error, 1e-6 * float(want.abs().max())), (error, float32_error)
+    step = x.double().abs().reshape(5, -1, 256).amax(dim=2) / (127 * 65536 + 127 * 256 + 127)
+    rounding = weight.double().abs() @ step.repeat_interleave(256, dim=1).T  # [rows, tokens]
+    error = (got.double() - want).abs()
+    floor = max(4 * float32_error, 1e-6 * float(want.abs().max()))
+    assert (error <= rounding.T + floor).all(), (float(error.max()), float32_error)
 
 
 def _saturated(qtype: Q) -> QuantizedTensor:

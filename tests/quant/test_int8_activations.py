@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as Q
 from axon import LLM, SamplingParams
 from axon.cache_dir import cache_dir
 from axon.config import EngineConfig
-from axon.kernels import ggml_cpu, ggml_q8
+from axon.kernels import build, ggml_cpu, ggml_q8
 from axon.server.node_protocol import ModelSpec
 from model.tiny_models import random_prompts
 from quant.gguf_files import build_gguf_model, write_gguf
@@ -209,7 +209,8 @@ def test_long_steps_in_token_passes_match_short_calls():
 def _build_variant(flags: tuple[str, ...]) -> ctypes.CDLL:
     """ggml_q8.c alone, built with `flags` (cached by source and flags)."""
     source = Path(ggml_q8.__file__).with_suffix(".c")
-    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    texts = [path.read_bytes() for path in (source, *build.HEADERS)]
+    key = hashlib.sha256(b"".join(texts) + " ".join(flags).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"ggml_q8-test-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,8 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c")
 )
-HEADERS = (Path(__file__).with_name("work_shares.h"),)  # included by the sources: in the key
+# included by the sources: in the key
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("work_shares.h", "k_scales.h"))
 
 
 def _build(compiler: str, sources: tuple[Path, ...]) -> Path:

@@ -31,6 +31,7 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+#include "k_scales.h"
 #include "work_shares.h"
 
 enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
@@ -507,26 +508,17 @@ INLINE __m256i k_codes(int type, const uint8_t *b, int sub) {
     return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
 }
 
-/* A Q4_K / Q5_K block's eight 6-bit sub-scales (bytes 0-7) and eight 6-bit mins (bytes 8-15),
- * unpacked from its 12 bytes at offset 4 in vector registers (as k_scale_codes does in scalars). */
-INLINE __m128i k_scales_vec(__m128i raw) {
-    const __m128i lo = _mm_shuffle_epi8(raw, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
-    const __m128i hi = _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
-    const __m128i low = _mm_and_si128(lo, _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0));
-    const __m128i high4 = _mm_and_si128(_mm_srli_epi16(lo, 4), _mm_setr_epi32(0, 0, 0, 0x0F0F0F0F));
-    const __m128i top2 = _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm_or_si128(_mm_or_si128(low, high4), top2);
-}
-
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define K_SUMS_512 1
-/* AVX-512 for Q6_K: two sub-blocks per instruction (sub-block 2j in the low 256 bits, 2j + 1 in
- * the high ones; their low nibbles are 64 bytes in a row), and VNNI's vpdpwssd applying the
- * sub-scales and accumulating in one instruction. The integer sums are the AVX2 loop's (folded
- * to its eight lanes at the end), so the result is bit-identical. Measured on Zen 4, which
- * issues one 512-bit multiply per cycle against two 256-bit ones: Q6_K 1.05-1.1x, where
- * decoding its codes is a larger share of the work; the same form for Q4_K ran at the AVX2
- * loop's speed and for Q5_K 7 % slower, so those stay on it. */
+#define K4_SUMS_512 1
+/* AVX-512 for Q6_K and Q4_K: two sub-blocks per instruction (sub-block 2j in the low 256 bits,
+ * 2j + 1 in the high ones; Q6_K's low nibbles are 64 bytes in a row, Q4_K's two sub-blocks the
+ * low and high nibbles of the same 32 bytes), and VNNI's vpdpwssd applying the sub-scales and
+ * accumulating in one instruction. The integer sums are the AVX2 loop's (folded to its eight
+ * lanes at the end), so the result is bit-identical. Measured on Zen 4, which issues one
+ * 512-bit multiply per cycle against two 256-bit ones: Q6_K 1.05-1.1x, where decoding its codes
+ * is a larger share of the work; Q4_K at the AVX2 loop's speed there, 1.07x on an Intel Xeon
+ * (3072 x 1024, one token, 1 thread); Q5_K 7 % slower on Zen 4, so it stays on the AVX2 loop. */
 INLINE __m512i halves(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
@@ -569,6 +561,33 @@ INLINE void q6_digit_sums(const uint8_t *b, __m256i sc, const int8_t *digits, in
     }
     *A = fold(a), *B = fold(bb), *C = fold(c);
 }
+
+#ifdef K4_SUMS_512
+/* Q4_K the same way: the 32 bytes of sub-blocks 2j and 2j + 1 give their low nibbles to the low
+ * 256 bits and their high nibbles to the high ones. */
+INLINE void q4_digit_sums(const uint8_t *b, __m256i sc, const int8_t *digits, int64_t cols,
+                          __m256i *A, __m256i *B, __m256i *C) {
+    const __m512i sc2 = _mm512_broadcast_i64x4(sc);
+    const __m512i shifts = halves(_mm256_set1_epi64x(0), _mm256_set1_epi64x(4));
+    __m512i a = _mm512_setzero_si512(), bb = a, c = a;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j)));
+        const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(raw, shifts), _mm512_set1_epi8(0x0F));
+        const int16_t even = (int16_t)((4 * j + 1) << 8 | 4 * j), odd = (int16_t)(even + 0x0202);
+        const __m512i scale =
+            _mm512_shuffle_epi8(sc2, halves(_mm256_set1_epi16(even), _mm256_set1_epi16(odd)));
+        const int8_t *ds = digits + 64 * j;
+        const __m512i da = _mm512_loadu_si512((const void *)ds);
+        const __m512i db = _mm512_loadu_si512((const void *)(ds + cols));
+        const __m512i dc = _mm512_loadu_si512((const void *)(ds + 2 * cols));
+        a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(q, da), scale);
+        bb = _mm512_dpwssd_epi32(bb, _mm512_maddubs_epi16(q, db), scale);
+        c = _mm512_dpwssd_epi32(c, _mm512_maddubs_epi16(q, dc), scale);
+    }
+    *A = fold(a), *B = fold(bb), *C = fold(c);
+}
+#endif
 #endif
 
 /* A K-quant block's products with the three digits of its 256 x: A = sum(sub-scale * code * a),
@@ -636,6 +655,11 @@ INLINE f32x8 gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, c
 #ifdef K_SUMS_512
         if (type == Q6_K)
             q6_digit_sums(b, sc, token->digits + 256 * k, cols, &A, &B, &C);
+        else
+#endif
+#ifdef K4_SUMS_512
+        if (type == Q4_K)
+            q4_digit_sums(b, sc, token->digits + 256 * k, cols, &A, &B, &C);
         else
 #endif
             k_digit_sums(type, b, sc, token->digits + 256 * k, cols, &A, &B, &C);
