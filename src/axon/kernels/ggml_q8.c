@@ -707,7 +707,10 @@ static inline void store_rows(__m256 v, float *y, int count) {
     memcpy(y, lanes, sizeof(float) * (size_t)count);
 }
 
-#if defined(Q8_VNNI) && defined(__AVX512BW__) && !defined(__znver4__) && !defined(__znver5__)
+/* Not on AMD: GCC 12.2 tells a Zen 4 from native as znver3 (plus its AVX-512), later GCCs as
+ * znver4 (Zen 3 has no AVX-512, so the znver3 test only catches a Zen 4). */
+#if defined(Q8_VNNI) && defined(__AVX512BW__) && !defined(__znver3__) && !defined(__znver4__) && \
+    !defined(__znver5__)
 #define TILE_512 1
 /* Two panels in one 512-bit vector (panel 0's 8 rows in the low half, panel 1's in the high):
  * the tiles of full units (16 rows) below. Every lane does the same integer and float steps as
