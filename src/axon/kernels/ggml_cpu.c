@@ -510,7 +510,6 @@ INLINE __m256i k_codes(int type, const uint8_t *b, int sub) {
 
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define K_SUMS_512 1
-#define K4_SUMS_512 1
 /* AVX-512 for Q6_K and Q4_K: two sub-blocks per instruction (sub-block 2j in the low 256 bits,
  * 2j + 1 in the high ones; Q6_K's low nibbles are 64 bytes in a row, Q4_K's two sub-blocks the
  * low and high nibbles of the same 32 bytes), and VNNI's vpdpwssd applying the sub-scales and
@@ -541,39 +540,21 @@ INLINE __m256i fold(__m512i v) {
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-INLINE void q6_digit_sums(const uint8_t *b, __m256i sc, const int8_t *digits, int64_t cols,
-                          __m256i *A, __m256i *B, __m256i *C) {
-    const __m512i sc2 = _mm512_broadcast_i64x4(sc);
-    __m512i a = _mm512_setzero_si512(), bb = a, c = a;
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        const __m512i q = q6_codes64(b, j);
-        const int16_t even = (int16_t)((4 * j + 1) << 8 | 4 * j), odd = (int16_t)(even + 0x0202);
-        const __m512i scale =
-            _mm512_shuffle_epi8(sc2, halves(_mm256_set1_epi16(even), _mm256_set1_epi16(odd)));
-        const int8_t *ds = digits + 64 * j;
-        const __m512i da = _mm512_loadu_si512((const void *)ds);
-        const __m512i db = _mm512_loadu_si512((const void *)(ds + cols));
-        const __m512i dc = _mm512_loadu_si512((const void *)(ds + 2 * cols));
-        a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(q, da), scale);
-        bb = _mm512_dpwssd_epi32(bb, _mm512_maddubs_epi16(q, db), scale);
-        c = _mm512_dpwssd_epi32(c, _mm512_maddubs_epi16(q, dc), scale);
-    }
-    *A = fold(a), *B = fold(bb), *C = fold(c);
+/* The 64 codes of Q4_K sub-blocks 2j and 2j + 1: the low and high nibbles of the same 32 bytes. */
+INLINE __m512i q4_codes64(const uint8_t *b, int j) {
+    const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j)));
+    const __m512i shifts = halves(_mm256_set1_epi64x(0), _mm256_set1_epi64x(4));
+    return _mm512_and_si512(_mm512_srlv_epi64(raw, shifts), _mm512_set1_epi8(0x0F));
 }
 
-#ifdef K4_SUMS_512
-/* Q4_K the same way: the 32 bytes of sub-blocks 2j and 2j + 1 give their low nibbles to the low
- * 256 bits and their high nibbles to the high ones. */
-INLINE void q4_digit_sums(const uint8_t *b, __m256i sc, const int8_t *digits, int64_t cols,
-                          __m256i *A, __m256i *B, __m256i *C) {
+/* k_digit_sums for Q6_K and Q4_K, two sub-blocks per 512-bit vector (see above). */
+INLINE void digit_sums_512(int type, const uint8_t *b, __m256i sc, const int8_t *digits,
+                           int64_t cols, __m256i *A, __m256i *B, __m256i *C) {
     const __m512i sc2 = _mm512_broadcast_i64x4(sc);
-    const __m512i shifts = halves(_mm256_set1_epi64x(0), _mm256_set1_epi64x(4));
     __m512i a = _mm512_setzero_si512(), bb = a, c = a;
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
-        const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j)));
-        const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(raw, shifts), _mm512_set1_epi8(0x0F));
+        const __m512i q = type == Q6_K ? q6_codes64(b, j) : q4_codes64(b, j);
         const int16_t even = (int16_t)((4 * j + 1) << 8 | 4 * j), odd = (int16_t)(even + 0x0202);
         const __m512i scale =
             _mm512_shuffle_epi8(sc2, halves(_mm256_set1_epi16(even), _mm256_set1_epi16(odd)));
@@ -587,7 +568,6 @@ INLINE void q4_digit_sums(const uint8_t *b, __m256i sc, const int8_t *digits, in
     }
     *A = fold(a), *B = fold(bb), *C = fold(c);
 }
-#endif
 #endif
 
 /* A K-quant block's products with the three digits of its 256 x: A = sum(sub-scale * code * a),
@@ -653,13 +633,8 @@ INLINE f32x8 gemv_k(int type, const uint8_t *w, int64_t blocks, int64_t ahead, c
         }
         __m256i A, B, C;
 #ifdef K_SUMS_512
-        if (type == Q6_K)
-            q6_digit_sums(b, sc, token->digits + 256 * k, cols, &A, &B, &C);
-        else
-#endif
-#ifdef K4_SUMS_512
-        if (type == Q4_K)
-            q4_digit_sums(b, sc, token->digits + 256 * k, cols, &A, &B, &C);
+        if (type == Q6_K || type == Q4_K)
+            digit_sums_512(type, b, sc, token->digits + 256 * k, cols, &A, &B, &C);
         else
 #endif
             k_digit_sums(type, b, sc, token->digits + 256 * k, cols, &A, &B, &C);
