@@ -477,7 +477,8 @@ static inline void prefetch_block_ahead(const uint8_t *b, int bytes, int64_t ahe
 
 /* Eight fp16 values, one per row, gathered in two 64-bit words and converted at once: a vector
  * load of eight 2-byte stores would wait for them to leave the store buffer (store forwarding
- * fails on a load wider than the stores), a third of a Q4_K panel's decode on an Intel Xeon. */
+ * fails on a load wider than the stores): on an Intel Xeon perf put a quarter of a Q4_K
+ * panel's decode at the store after that load. */
 typedef struct {
     uint64_t word[2];
 } Halves;
