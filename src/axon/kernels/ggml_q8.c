@@ -480,17 +480,20 @@ static inline void prefetch_block_ahead(const uint8_t *b, int bytes, int64_t ahe
  * fails on a load wider than the stores): on an Intel Xeon perf put a quarter of a Q4_K
  * panel's decode at the store after that load. */
 typedef struct {
-    uint64_t word[2];
+    uint64_t lo, hi; /* rows 0-3, 4-7: two named words stay in registers (an indexed pair did not) */
 } Halves;
 
 static inline void halves_put(Halves *h, int i, const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);
-    h->word[i >> 2] |= (uint64_t)v << (16 * (i & 3));
+    if (i < 4)
+        h->lo |= (uint64_t)v << (16 * i);
+    else
+        h->hi |= (uint64_t)v << (16 * (i - 4));
 }
 
 static inline __m256 halves_ps(const Halves *h) {
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)h->word[1], (long long)h->word[0]));
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)h->hi, (long long)h->lo));
 }
 
 /* The panels below are decoded straight from the blocks, in registers: each block's 8 rows are
@@ -504,7 +507,7 @@ static void decode_panel_q8_0(const uint8_t *w, int64_t row_bytes, int count, in
     const __m256i ones = _mm256_set1_epi8(1);
     for (int64_t k = 0; k < blocks; k++) {
         __m256i r[8], c[8];
-        Halves d = {{0, 0}};
+        Halves d = {0, 0};
         for (int i = 0; i < PANEL; i++) {
             if (i >= count) {
                 r[i] = _mm256_setzero_si256();
@@ -575,7 +578,7 @@ static void decode_panel_k(int type, const uint8_t *w, int64_t row_bytes, int co
     for (int64_t k = 0; k < blocks; k++) {
         const uint8_t *b[8];
         __m128i raw[8];
-        Halves dh = {{0, 0}}, mh = {{0, 0}}; /* fp16 d and dmin */
+        Halves dh = {0, 0}, mh = {0, 0}; /* fp16 d and dmin */
         for (int i = 0; i < PANEL; i++) {
             b[i] = i < count ? w + i * row_bytes + k * bytes : NULL;
             raw[i] = _mm_setzero_si128();
