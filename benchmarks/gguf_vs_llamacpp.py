@@ -53,7 +53,8 @@ TARGET_DECODE, TARGET_16_STREAMS = 1.0, 2.0
 def ensure_llamacpp(venv: Path) -> Path:
     """The venv's python, after building llama-cpp-python into it when it does not import (on a
     CPU that lists AMX: a separate venv built without AMX, see llama_server.NO_AMX_FLAGS)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
     from llama_server import NO_AMX_FLAGS, has_amx
 
     env = dict(os.environ)

@@ -83,11 +83,11 @@ def main() -> None:
         print()
         print("| matrix | tokens | threads | base ms | tree ms | base / tree | tree GMAC/s |")
         print("|---|---:|---:|---:|---:|---:|---:|")
-        for (name, ggml_type, rows, cols, calls), tokens in itertools.product(shapes, args.tokens):
-            w = random_weight(ggml_type, rows, cols, rng)
-            x = rng.standard_normal((tokens, cols)).astype(np.float32)
-            outputs = {lib: np.empty((tokens, rows), np.float32) for lib in libs}
-            for threads in (1, 2):
+        for name, ggml_type, rows, cols, calls in shapes:
+            w = random_weight(ggml_type, rows, cols, rng)  # once per shape, for every token count
+            for tokens, threads in itertools.product(args.tokens, (1, 2)):
+                x = np.random.default_rng(tokens).standard_normal((tokens, cols), np.float32)
+                outputs = {lib: np.empty((tokens, rows), np.float32) for lib in libs}
                 best = dict.fromkeys(libs, float("inf"))
                 for _ in range(args.repeats):  # the builds take turns
                     for lib_name, lib in libs.items():
