@@ -206,6 +206,31 @@ def test_long_steps_in_token_passes_match_short_calls():
         assert torch.equal(_q8_call(lib, weights, x[t : t + 1])[0], whole[t]), t
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [EDGE_ROWS, 64, 5])
+def test_packed_panels_are_the_same_bits_as_the_blocks(qtype, rows):
+    """Q4_K / Q6_K repacked into panels at load (ggml_q8.pack): every tile shape, the one-token
+    path, fused beside other formats and on 2 threads give the bits of the GGUF blocks."""
+    raw = torch.cat([_raw_tensor(qtype, seed=s) for s in range(2)])[:rows].contiguous()
+    blocks = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS, int8=True)
+    packed = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS, int8=True, pack=True)
+    packed_type, block_bytes = ggml_q8.PACKED[int(qtype)]
+    assert list(packed._types) == [packed_type] and list(packed._rows) == [rows]
+    assert packed._kernel_parts[0][1].numel() == (rows + 15) // 16 * COLS // 256 * block_bytes
+    lib = ggml_q8._library()
+    x = _x(33, seed=21)
+    for tokens in (1, 2, 5, 6, 7, 16, 33):
+        for threads in (1, 2):
+            want = _q8_call(lib, blocks, x[:tokens], threads)
+            assert torch.equal(_q8_call(lib, packed, x[:tokens], threads), want), (tokens, threads)
+    parts = [(int(Q.Q5_K), _raw_tensor(Q.Q5_K)[:19].contiguous()), (int(qtype), raw)]
+    fused = ggml_cpu.GGMLWeights(parts, COLS, int8=True, pack=True)
+    got = fused.matmul(x[:9])
+    assert torch.equal(got[:, 19:], _q8_call(lib, blocks, x[:9]))
+    assert torch.equal(got[:, :19], ggml_cpu.GGMLWeights(parts[:1], COLS, int8=True).matmul(x[:9]))
+    assert torch.equal(fused.matmul(x[:1]), got[:1])
+
+
 def _build_variant(flags: tuple[str, ...]) -> ctypes.CDLL:
     """ggml_q8.c alone, built with `flags` (cached by source and flags)."""
     source = Path(ggml_q8.__file__).with_suffix(".c")
@@ -242,10 +267,13 @@ def test_vnni_avx2_and_portable_builds_agree_bit_for_bit(qtype, variant_libs):
     raw = _raw_tensor(qtype)[:EDGE_ROWS].contiguous()
     weights = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS, int8=True)
     x = _x(9, seed=12)
+    packed = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS, int8=True, pack=True)
     for x_part in (x[:1], x):  # the one-token kernel and the tiles
         want = _q8_call(ggml_q8._library(), weights, x_part)
         for name, lib in variant_libs.items():
             assert torch.equal(_q8_call(lib, weights, x_part), want), name
+            if int(qtype) in ggml_q8.PACKED:  # and its panels, which the portable build unpacks
+                assert torch.equal(_q8_call(lib, packed, x_part), want), name
 
 
 def test_float32_weights_stay_on_the_float_path():
@@ -275,6 +303,8 @@ def test_engine_int8_generates_close_to_the_float_path(q4_k_file):
     )
     prompts = random_prompts((9, 21, 30, 5, 17, 12), seed=4)
     want, got = exact.engine.forward_logits(prompts), int8.engine.forward_logits(prompts)
+    fused = int8.engine.runner.model.model.layers[0].mlp.down_proj.quantized
+    assert list(fused._ggml._types) == [ggml_q8.Q4_K_PANELS]  # repacked for the 8-bit tiles
     agree = sum(int(w.argmax()) == int(g.argmax()) for w, g in zip(want, got))
     assert agree >= len(prompts) - 1
     for w, g in zip(want, got):

@@ -80,19 +80,31 @@ class GGMLWeights:
     int8=True (and types kernels/ggml_q8.py has), every matmul, batch-1 decode included,
     quantizes the activations to 8 bits instead (`self.int8`)."""
 
-    def __init__(self, parts: list[tuple[int, torch.Tensor]], cols: int, int8: bool = False):
+    def __init__(
+        self,
+        parts: list[tuple[int, torch.Tensor]],
+        cols: int,
+        int8: bool = False,
+        pack: bool = False,
+    ):
         self.parts = parts  # (ggml_type, raw [rows, row_bytes]); keeps the bytes alive
         self.cols = cols
         self.rows = sum(raw.shape[0] for _, raw in parts)
-        count = len(parts)
-        self._types = (ctypes.c_int * count)(*(int(t) for t, _ in parts))
-        self._ptrs = (ctypes.c_void_p * count)(*(raw.data_ptr() for _, raw in parts))
-        self._rows = (ctypes.c_int64 * count)(*(raw.shape[0] for _, raw in parts))
         size = sum(raw.numel() for _, raw in parts)
         self.parallel = size >= PARALLEL_MIN_BYTES
         # Opt-in 8-bit activations, every step size (kernels/ggml_q8.py); F32 weights keep the
-        # float path.
+        # float path. pack: Q4_K and Q6_K parts repacked once into the 8-bit tiles' layout,
+        # which the kernel then reads in place of the GGUF blocks (`ggml_q8.kernel_parts`).
         self.int8 = int8 and ggml_q8.supports(t for t, _ in parts)
+        if self.int8 and pack:
+            kernel_parts = ggml_q8.kernel_parts(parts, cols)
+        else:
+            kernel_parts = [(int(t), raw, raw.shape[0]) for t, raw in parts]
+        self._kernel_parts = kernel_parts  # keeps the packed bytes alive
+        count = len(parts)
+        self._types = (ctypes.c_int * count)(*(t for t, _, _ in kernel_parts))
+        self._ptrs = (ctypes.c_void_p * count)(*(data.data_ptr() for _, data, _ in kernel_parts))
+        self._rows = (ctypes.c_int64 * count)(*(rows for _, _, rows in kernel_parts))
 
     def matmul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, cols] -> [T, rows] float32 (into `out`, a float32 view with contiguous rows,

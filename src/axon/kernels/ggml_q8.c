@@ -19,7 +19,12 @@
  * back by a thread done with its own (work_shares.h); decoding a panel prefetches the rows a
  * unit on (cold weights: the LM head at 16 tokens). Q8_0, Q4_K and Q6_K panels are decoded in
  * registers (decode_panel_q8_0, decode_panel_k: a block's 8 rows loaded, interleaved as they
- * lie, split into codes and stored once), the other formats row by row. One token skips the
+ * lie, split into codes and stored once), the other formats row by row. The engine repacks
+ * Q4_K and Q6_K once at load (axon_q8_pack, Q4_K_PANELS / Q6_K_PANELS below): 16 rows' codes
+ * already interleaved, kept as bits, so a tile takes them apart in registers as it reads them
+ * (up to PACKED_TOKENS tokens, one token included: no decode, and the one-token path reads one
+ * stream per 16 rows, the next unit prefetched) or a unit is unpacked once into the common
+ * panels (more tokens). The one-token path of the other formats skips the
  * panels: 8 rows at a time straight from the blocks (gemv_k, gemv_32), the same float steps, each
  * thread a contiguous share of the rows (stolen from the back by a thread done with its own:
  * work_shares.h); K-quant rows of up to 3072 values are read one after
@@ -50,6 +55,25 @@
 #endif
 
 enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+/* Not GGML types: Q4_K and Q6_K repacked at load (axon_q8_pack) into the tiles' units of 16
+ * rows, 2 panels of 8 (rows past the end zero), which the tiles read where they lie. A unit's
+ * block is one run of bytes, after the unit's previous block, and every 64 bytes of codes hold
+ * the 2 panels' 32 side by side (one 512-bit load):
+ *   codes, Q4_K_PANELS: [4][8 chunks][2 panels][8 rows][4] nibbles, low sub-block 2m, high 2m + 1;
+ *     Q6_K_PANELS: the low 4 bits of chunks c and c + 32 as the nibbles of byte c [32][2][8][4],
+ *     then the high 2 bits of chunks c, c + 16, c + 32, c + 48 as bits 0-1, 2-3, 4-5, 6-7 of
+ *     byte c [16][2][8][4];
+ *   the sub-block multipliers [subs][2][8] as bytes; Q4_K_PANELS: the mins [4 pairs][2][8][2]
+ *     as bytes (Q6_K's pairs are its scales: taken from those);
+ *   d [2][8] float32, then Q4_K_PANELS: dmin [2][8] (Q6_K: 32 d).
+ * 2432 and 3392 bytes a block of 16 rows, against the GGUF's 16 x 144 and 16 x 210. */
+enum { Q4_K_PANELS = 112, Q6_K_PANELS = 114 };
+static int packed_from(int type) { return type == Q4_K_PANELS ? Q4_K : type == Q6_K_PANELS ? Q6_K : 0; }
+#define PACKED_UNIT(PK) ((PK) == 1 ? 2432 : 3392) /* a unit's block; PK 1: Q4_K_PANELS, 2: Q6_K */
+#define PACKED_SC(PK) ((PK) == 1 ? 2048 : 3072)   /* where its multipliers start */
+#define PACKED_MN 2176                            /* Q4_K_PANELS: its mins */
+#define PACKED_D(PK) ((PK) == 1 ? 2304 : 3328)    /* its d (Q4_K_PANELS: dmin 64 bytes on) */
+static int pk_of(int type) { return type == Q4_K_PANELS ? 1 : 2; }
 
 #define PANEL 8 /* rows per panel: one per 32-bit lane of a 256-bit vector */
 #define UNIT 2  /* panels per unit of work: a broadcast activation serves 16 rows */
@@ -72,6 +96,15 @@ enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_
 #ifndef CHUNK_BYTES
 #define CHUNK_BYTES (512 << 10) /* many tokens: a pass's int8 activations, at least 256 tokens */
 #endif
+#ifndef PACKED_TOKENS
+#define PACKED_TOKENS 24 /* packed panels: up to this many tokens the tiles read them as they lie */
+#endif
+#ifndef PACKED_TOKENS_Q6
+#define PACKED_TOKENS_Q6 24
+#endif
+#if PACKED_TOKENS < 1 || PACKED_TOKENS_Q6 < 1
+#error "one token always reads packed panels where they lie (run_work has no scratch panels then)"
+#endif
 #define TILE 6  /* tokens per tile: a loaded weight vector serves 6 tokens (4: Q8_0 ran ~1/3 slower) */
 #define NOINLINE static __attribute__((noinline))
 #define INLINE static inline __attribute__((always_inline))
@@ -82,13 +115,13 @@ static float f16(const uint8_t *p) {
     return (float)h;
 }
 
-static int is_k(int type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
+static int is_k(int type) { return type == Q4_K || type == Q5_K || type == Q6_K || packed_from(type); }
 
 /* Values per weight block (0: not handled here), and the block's bytes. */
 static int q8_block(int type) {
     switch (type) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
-    case Q4_K: case Q5_K: case Q6_K: return 256;
+    case Q4_K: case Q5_K: case Q6_K: case Q4_K_PANELS: case Q6_K_PANELS: return 256;
     default: return 0;
     }
 }
@@ -101,6 +134,7 @@ static int q8_bytes(int type) {
     case Q5_1: return 24;
     case Q8_0: return 34;
     case Q4_K: return 144;
+    case Q4_K_PANELS: case Q6_K_PANELS: return PACKED_UNIT(pk_of(type)); /* per 16 rows */
     case Q5_K: return 176;
     default: return 210; /* Q6_K */
     }
@@ -266,6 +300,8 @@ typedef struct {
     float *d;        /* [blocks][8] */
     float *dmin;     /* [blocks][8] K: dmin (Q6_K: 32 d); legacy: the bias */
     int32_t *w128;   /* Q8_0: [blocks][8] 128 * sum(codes), VNNI's offset of q + 128 */
+    const uint8_t *sc8, *mn8; /* packed: the multipliers as bytes, block 0 (codes, d, dmin too) */
+    int64_t ahead;            /* packed: bytes from this unit to the next one this thread reads */
 } Panel;
 
 /* 8 rows of cols: codes 8 cols, scales 2 cols, mins, d, dmin, w128 cols each (at most). */
@@ -278,6 +314,7 @@ static void panel_place(Panel *p, char *base, int64_t cols) {
     p->d = (float *)base, base += up64((size_t)cols);
     p->dmin = (float *)base, base += up64((size_t)cols);
     p->w128 = (int32_t *)base;
+    p->sc8 = p->mn8 = NULL;
 }
 
 /* Q4_K / Q5_K's 12 bytes of 6-bit scales and mins (at b + 4) as 16 bytes: the 8 sub-block
@@ -762,37 +799,93 @@ INLINE void store_pair(__m512 v, float *y, const int *count) {
     }
 }
 
-/* K-quants, two panels x T tokens (tile_k's steps). */
-INLINE void tile_k512(const Panel *pn, const int T, const int CS, int64_t blocks, const Token *x,
-                      float *y, int64_t ldy, const int *count) {
+/* Chunk ch of block k of a packed unit (PK 1: Q4_K_PANELS, 2: Q6_K_PANELS), both panels: the
+ * codes decode_panel would have stored. */
+INLINE __m512i packed_512(const Panel *pn, const int PK, int64_t k, const int ch) {
+    const uint8_t *b = pn[0].codes + PACKED_UNIT(PK) * k;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    if (PK == 1) {
+        const __m512i w = _mm512_load_si512((const void *)(b + 64 * (8 * (ch / 16) + ch % 8)));
+        return _mm512_and_si512((ch / 8) & 1 ? _mm512_srli_epi16(w, 4) : w, low4);
+    }
+    const __m512i w = _mm512_load_si512((const void *)(b + 64 * (ch % 32)));
+    const __m512i h = _mm512_load_si512((const void *)(b + 2048 + 64 * (ch % 16)));
+    const int g = ch / 16;
+    const __m512i high = g == 0 ? _mm512_slli_epi16(h, 4) : g == 1 ? _mm512_slli_epi16(h, 2) : g == 2 ? h : _mm512_srli_epi16(h, 2);
+    /* (low & 0x0F) | (high & 0x30) */
+    return _mm512_ternarylogic_epi32(ch < 32 ? w : _mm512_srli_epi16(w, 4), _mm512_and_si512(high, _mm512_set1_epi8(0x30)), low4, 0xE4);
+}
+
+/* Sub-block j's multipliers of block k, both panels (16 int32 lanes). */
+INLINE __m512i scales_512(const Panel *pn, const int CS, const int PK, int64_t k, const int j) {
+    if (!PK) {
+        const int64_t at = (64 / CS * k + j) * PANEL;
+        return pair_of(pn[0].scales + at, pn[1].scales + at);
+    }
+    const __m128i v = _mm_load_si128((const __m128i *)(pn[0].sc8 + PACKED_UNIT(PK) * k + 16 * j));
+    return PK == 2 ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
+}
+
+/* Pair i of block k's multipliers of the activations' sums, both panels (32 int16 lanes). */
+INLINE __m512i mins_512(const Panel *pn, const int PK, int64_t k, const int i) {
+    if (!PK) return pair_of(pn[0].mins + (8 * k + i) * PANEL, pn[1].mins + (8 * k + i) * PANEL);
+    if (PK == 1) return _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(pn[0].mn8 + PACKED_UNIT(1) * k + 32 * i)));
+    const uint8_t *sc = pn[0].sc8 + PACKED_UNIT(2) * k + 32 * i; /* Q6_K: scales 2i, 2i + 1 */
+    const __m128i a = _mm_load_si128((const __m128i *)sc), b = _mm_load_si128((const __m128i *)(sc + 16));
+    return _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(a, b)), _mm_unpackhi_epi8(a, b), 1));
+}
+
+INLINE __m512 d_512(const Panel *pn, const int PK, int64_t k) {
+    if (!PK) return pair_ps(pn[0].d + PANEL * k, pn[1].d + PANEL * k);
+    return _mm512_load_ps(pn[0].d + PACKED_UNIT(PK) / 4 * k);
+}
+
+INLINE __m512 dmin_512(const Panel *pn, const int PK, int64_t k) {
+    if (!PK) return pair_ps(pn[0].dmin + PANEL * k, pn[1].dmin + PANEL * k);
+    if (PK == 2) return _mm512_mul_ps(d_512(pn, PK, k), _mm512_set1_ps(32.0f));
+    return _mm512_load_ps(pn[0].dmin + PACKED_UNIT(PK) / 4 * k);
+}
+
+/* Sub-block j of block k of two panels x T tokens into isum (tile_k512's inner steps). */
+INLINE void sub_512(const Panel *pn, const int T, const int CS, const int PK, int64_t k, const int j,
+                    const Token *x, __m512i isum[TILE]) {
+    __m512i p[TILE];
+    for (int t = 0; t < T; t++) p[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int c = 0; c < CS; c++) {
+        const int64_t chunk = 64 * k + CS * j + c;
+        const __m512i w = PK ? packed_512(pn, PK, k, CS * j + c) : pair_of(pn[0].codes + 32 * chunk, pn[1].codes + 32 * chunk);
+        if (PK && 64 * (CS * j + c) < PACKED_UNIT(PK)) /* line ch of the next unit's block k */
+            _mm_prefetch((const char *)(pn[0].codes + pn[0].ahead + PACKED_UNIT(PK) * k + 64 * (CS * j + c)), _MM_HINT_T0);
+        for (int t = 0; t < T; t++) p[t] = _mm512_dpbusd_epi32(p[t], w, bcast4_512(x[t].q + 4 * chunk));
+    }
+    const __m512i sc = scales_512(pn, CS, PK, k, j);
+    for (int t = 0; t < T; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p[t], sc));
+}
+
+/* K-quants, two panels x T tokens (tile_k's steps; PK: packed, 1 Q4_K_PANELS, 2 Q6_K_PANELS). */
+INLINE void tile_k512(const Panel *pn, const int T, const int CS, const int PK, int64_t blocks,
+                      const Token *x, float *y, int64_t ldy, const int *count) {
     const int subs = 64 / CS;
     __m512 acc[TILE];
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t k = 0; k < blocks; k++) {
         __m512i isum[TILE];
         for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
-        for (int j = 0; j < subs; j++) {
-            __m512i p[TILE];
-            for (int t = 0; t < T; t++) p[t] = _mm512_setzero_si512();
-            for (int c = 0; c < CS; c++) {
-                const int64_t chunk = 64 * k + CS * j + c;
-                const __m512i w = pair_of(pn[0].codes + 32 * chunk, pn[1].codes + 32 * chunk);
-                for (int t = 0; t < T; t++) p[t] = _mm512_dpbusd_epi32(p[t], w, bcast4_512(x[t].q + 4 * chunk));
-            }
-            const int64_t at = (subs * k + j) * PANEL;
-            const __m512i sc = pair_of(pn[0].scales + at, pn[1].scales + at);
-            for (int t = 0; t < T; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(p[t], sc));
+        if (PK) { /* every sub-block unrolled: which bits hold a chunk's codes is then constant */
+#pragma GCC unroll 16
+            for (int j = 0; j < subs; j++) sub_512(pn, T, CS, PK, k, j, x, isum);
+        } else {
+            for (int j = 0; j < subs; j++) sub_512(pn, T, CS, PK, k, j, x, isum);
         }
-        const __m512 d = pair_ps(pn[0].d + PANEL * k, pn[1].d + PANEL * k);
-        const __m512 dmin = pair_ps(pn[0].dmin + PANEL * k, pn[1].dmin + PANEL * k);
+        const __m512 d = d_512(pn, PK, k), dmin = dmin_512(pn, PK, k);
+        __m512i mins[8]; /* once per block (Q6_K_PANELS' are shuffled from its scales) */
+        for (int i = 0; i < subs / 2; i++) mins[i] = mins_512(pn, PK, k, i);
         for (int t = 0; t < T; t++) {
             const int16_t *sums = CS == 8 ? x[t].b32 + 8 * k : (const int16_t *)x[t].sums + 16 * k;
             const __m512 dx = _mm512_set1_ps(x[t].d[k]);
             __m512i msum = _mm512_setzero_si512();
-            for (int i = 0; i < (CS == 8 ? 4 : 8); i++) {
-                const int64_t at = (8 * k + i) * PANEL;
-                msum = _mm512_dpwssd_epi32(msum, pair_of(pn[0].mins + at, pn[1].mins + at), bcast4_512(sums + 2 * i));
-            }
+            for (int i = 0; i < subs / 2; i++) msum = _mm512_dpwssd_epi32(msum, mins[i], bcast4_512(sums + 2 * i));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dx), acc[t]);
             acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dx), acc[t]);
         }
@@ -829,35 +922,90 @@ INLINE void tile_32_512(const Panel *pn, const int T, const int SIGNED, int64_t 
 }
 #endif
 
-/* The integer sums of K-quant block k, sub-block by sub-block (CS chunks of 4 each). */
-INLINE void k_isums(const Panel *pn, const int NG, const int T, const int CS, int64_t k,
-                    const Token *x, __m256i isum[UNIT][TILE]) {
-    const int subs = 64 / CS;
-    for (int j = 0; j < subs; j++) {
-        __m256i p[UNIT][TILE];
+/* Chunk ch of block k of packed panel p (PK 1: Q4_K_PANELS, 2: Q6_K_PANELS): the codes
+ * decode_panel would have stored. */
+INLINE __m256i packed_256(const Panel *p, const int PK, int64_t k, const int ch) {
+    const uint8_t *b = p->codes + PACKED_UNIT(PK) * k;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    if (PK == 1) {
+        const __m256i w = _mm256_load_si256((const __m256i *)(b + 64 * (8 * (ch / 16) + ch % 8)));
+        return _mm256_and_si256((ch / 8) & 1 ? _mm256_srli_epi16(w, 4) : w, low4);
+    }
+    const __m256i w = _mm256_load_si256((const __m256i *)(b + 64 * (ch % 32)));
+    const __m256i h = _mm256_load_si256((const __m256i *)(b + 2048 + 64 * (ch % 16)));
+    const int g = ch / 16;
+    const __m256i high = g == 0 ? _mm256_slli_epi16(h, 4) : g == 1 ? _mm256_slli_epi16(h, 2) : g == 2 ? h : _mm256_srli_epi16(h, 2);
+    const __m256i low = _mm256_and_si256(ch < 32 ? w : _mm256_srli_epi16(w, 4), low4);
+    return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
+}
+
+/* Panel p's sub-block j multipliers of block k (8 int32 lanes). */
+INLINE __m256i scales_256(const Panel *p, const int CS, const int PK, int64_t k, const int j) {
+    if (!PK) return _mm256_load_si256((const __m256i *)(p->scales + (64 / CS * k + j) * PANEL));
+    const __m128i v = _mm_loadl_epi64((const __m128i *)(p->sc8 + PACKED_UNIT(PK) * k + 16 * j));
+    return PK == 2 ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+}
+
+/* Panel p's pair i of block k's multipliers of the activations' sums (16 int16 lanes). */
+INLINE __m256i mins_256(const Panel *p, const int PK, int64_t k, const int i) {
+    if (!PK) return _mm256_load_si256((const __m256i *)(p->mins + (8 * k + i) * PANEL));
+    if (PK == 1) return _mm256_cvtepu8_epi16(_mm_load_si128((const __m128i *)(p->mn8 + PACKED_UNIT(1) * k + 32 * i)));
+    const uint8_t *sc = p->sc8 + PACKED_UNIT(2) * k + 32 * i; /* Q6_K: scales 2i, 2i + 1 */
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)sc), _mm_loadl_epi64((const __m128i *)(sc + 16))));
+}
+
+INLINE __m256 d_256(const Panel *p, const int PK, int64_t k) {
+    return _mm256_load_ps(p->d + (PK ? PACKED_UNIT(PK) / 4 : PANEL) * k);
+}
+
+INLINE __m256 dmin_256(const Panel *p, const int PK, int64_t k) {
+    if (PK == 2) return _mm256_mul_ps(d_256(p, PK, k), _mm256_set1_ps(32.0f));
+    return _mm256_load_ps(p->dmin + (PK ? PACKED_UNIT(PK) / 4 : PANEL) * k);
+}
+
+/* Sub-block j of K-quant block k (CS chunks of 4) into isum, NG panels x T tokens (PK: packed,
+ * the codes taken apart here and the multipliers widened from bytes). */
+INLINE void k_sub(const Panel *pn, const int NG, const int T, const int CS, const int PK, int64_t k,
+                  const int j, const Token *x, __m256i isum[UNIT][TILE]) {
+    __m256i p[UNIT][TILE];
+    for (int g = 0; g < NG; g++)
+        for (int t = 0; t < T; t++) p[g][t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < CS; c++) {
+        const int64_t chunk = 64 * k + CS * j + c;
+        __m256i w[UNIT];
         for (int g = 0; g < NG; g++)
-            for (int t = 0; t < T; t++) p[g][t] = _mm256_setzero_si256();
-        for (int c = 0; c < CS; c++) {
-            const int64_t chunk = 64 * k + CS * j + c;
-            __m256i w[UNIT];
-            for (int g = 0; g < NG; g++) w[g] = _mm256_load_si256((const __m256i *)(pn[g].codes + 32 * chunk));
-            for (int t = 0; t < T; t++) {
-                const __m256i v = bcast4(x[t].q + 4 * chunk);
-                for (int g = 0; g < NG; g++) p[g][t] = dot_u(p[g][t], w[g], v);
-            }
+            w[g] = PK ? packed_256(pn + g, PK, k, CS * j + c) : _mm256_load_si256((const __m256i *)(pn[g].codes + 32 * chunk));
+        if (PK && 64 * (CS * j + c) < PACKED_UNIT(PK)) /* line ch of the next unit's block k */
+            _mm_prefetch((const char *)(pn[0].codes + pn[0].ahead + PACKED_UNIT(PK) * k + 64 * (CS * j + c)), _MM_HINT_T0);
+        for (int t = 0; t < T; t++) {
+            const __m256i v = bcast4(x[t].q + 4 * chunk);
+            for (int g = 0; g < NG; g++) p[g][t] = dot_u(p[g][t], w[g], v);
         }
-        for (int g = 0; g < NG; g++) {
-            const __m256i sc = _mm256_load_si256((const __m256i *)(pn[g].scales + (subs * k + j) * PANEL));
-            for (int t = 0; t < T; t++) isum[g][t] = _mm256_add_epi32(isum[g][t], _mm256_mullo_epi32(p[g][t], sc));
-        }
+    }
+    for (int g = 0; g < NG; g++) {
+        const __m256i sc = scales_256(pn + g, CS, PK, k, j);
+        for (int t = 0; t < T; t++) isum[g][t] = _mm256_add_epi32(isum[g][t], _mm256_mullo_epi32(p[g][t], sc));
     }
 }
 
-/* K-quants: NG panels x T tokens, every block (CS: chunks per sub-block, 8 or Q6_K's 4). */
-INLINE void tile_k(const Panel *pn, const int NG, const int T, const int CS, int64_t blocks,
-                   const Token *x, float *y, int64_t ldy, const int *count) {
+/* The integer sums of K-quant block k, sub-block by sub-block. */
+INLINE void k_isums(const Panel *pn, const int NG, const int T, const int CS, const int PK,
+                    int64_t k, const Token *x, __m256i isum[UNIT][TILE]) {
+    if (PK) { /* every sub-block unrolled: which bits hold a chunk's codes is then constant */
+#pragma GCC unroll 16
+        for (int j = 0; j < 64 / CS; j++) k_sub(pn, NG, T, CS, PK, k, j, x, isum);
+    } else {
+        for (int j = 0; j < 64 / CS; j++) k_sub(pn, NG, T, CS, PK, k, j, x, isum);
+    }
+}
+
+/* K-quants: NG panels x T tokens, every block (CS: chunks per sub-block, 8 or Q6_K's 4; PK:
+ * Q4_K_PANELS). */
+INLINE void tile_k(const Panel *pn, const int NG, const int T, const int CS, const int PK,
+                   int64_t blocks, const Token *x, float *y, int64_t ldy, const int *count) {
 #ifdef TILE_512
-    if (NG == 2) return tile_k512(pn, T, CS, blocks, x, y, ldy, count);
+    if (NG == 2) return tile_k512(pn, T, CS, PK, blocks, x, y, ldy, count);
 #endif
     __m256 acc[UNIT][TILE];
     for (int g = 0; g < NG; g++)
@@ -866,17 +1014,16 @@ INLINE void tile_k(const Panel *pn, const int NG, const int T, const int CS, int
         __m256i isum[UNIT][TILE];
         for (int g = 0; g < NG; g++)
             for (int t = 0; t < T; t++) isum[g][t] = _mm256_setzero_si256();
-        k_isums(pn, NG, T, CS, k, x, isum);
+        k_isums(pn, NG, T, CS, PK, k, x, isum);
         for (int t = 0; t < T; t++) {
             /* Q4_K / Q5_K: mins per 32 times sums per 32; Q6_K: scales per 16 times sums per 16 */
             const int16_t *sums = CS == 8 ? x[t].b32 + 8 * k : (const int16_t *)x[t].sums + 16 * k;
             const __m256 dx = _mm256_set1_ps(x[t].d[k]);
             for (int g = 0; g < NG; g++) {
                 __m256i msum = _mm256_setzero_si256();
-                for (int i = 0; i < (CS == 8 ? 4 : 8); i++)
-                    msum = dot_pairs(msum, _mm256_load_si256((const __m256i *)(pn[g].mins + (8 * k + i) * PANEL)), bcast4(sums + 2 * i));
-                const __m256 dd = _mm256_mul_ps(_mm256_load_ps(pn[g].d + PANEL * k), dx);
-                const __m256 dm = _mm256_mul_ps(_mm256_load_ps(pn[g].dmin + PANEL * k), dx);
+                for (int i = 0; i < (CS == 8 ? 4 : 8); i++) msum = dot_pairs(msum, mins_256(pn + g, PK, k, i), bcast4(sums + 2 * i));
+                const __m256 dd = _mm256_mul_ps(d_256(pn + g, PK, k), dx);
+                const __m256 dm = _mm256_mul_ps(dmin_256(pn + g, PK, k), dx);
                 acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g][t]), dd, acc[g][t]);
                 acc[g][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), dm, acc[g][t]);
             }
@@ -967,8 +1114,9 @@ static float row_32(const Panel *pn, int r, int SIGNED, int64_t blocks, const To
     return acc;
 }
 
-static void tile_k(const Panel *pn, int NG, int T, int CS, int64_t blocks, const Token *x,
+static void tile_k(const Panel *pn, int NG, int T, int CS, int PK, int64_t blocks, const Token *x,
                    float *y, int64_t ldy, const int *count) {
+    (void)PK; /* portable: run_unit unpacks packed panels into the common layout */
     for (int g = 0; g < NG; g++)
         for (int r = 0; r < count[g]; r++)
             for (int t = 0; t < T; t++) y[t * ldy + PANEL * g + r] = row_k(pn + g, r, CS, blocks, x + t);
@@ -987,11 +1135,19 @@ static void tile_32(const Panel *pn, int NG, int T, int SIGNED, int64_t blocks, 
 #define TILE_FNS(NG, T)                                                                           \
     NOINLINE void k8_##NG##_##T(const Panel *pn, int64_t blocks, const Token *x, float *y,       \
                                 int64_t ldy, const int *count) {                                  \
-        tile_k(pn, NG, T, 8, blocks, x, y, ldy, count);                                           \
+        tile_k(pn, NG, T, 8, 0, blocks, x, y, ldy, count);                                        \
     }                                                                                             \
     NOINLINE void k4_##NG##_##T(const Panel *pn, int64_t blocks, const Token *x, float *y,       \
                                 int64_t ldy, const int *count) {                                  \
-        tile_k(pn, NG, T, 4, blocks, x, y, ldy, count);                                           \
+        tile_k(pn, NG, T, 4, 0, blocks, x, y, ldy, count);                                        \
+    }                                                                                             \
+    NOINLINE void p4_##NG##_##T(const Panel *pn, int64_t blocks, const Token *x, float *y,       \
+                                int64_t ldy, const int *count) {                                  \
+        tile_k(pn, NG, T, 8, 1, blocks, x, y, ldy, count);                                        \
+    }                                                                                             \
+    NOINLINE void p6_##NG##_##T(const Panel *pn, int64_t blocks, const Token *x, float *y,       \
+                                int64_t ldy, const int *count) {                                  \
+        tile_k(pn, NG, T, 4, 2, blocks, x, y, ldy, count);                                        \
     }                                                                                             \
     NOINLINE void s_##NG##_##T(const Panel *pn, int64_t blocks, const Token *x, float *y,        \
                                int64_t ldy, const int *count) {                                   \
@@ -1004,8 +1160,8 @@ static void tile_32(const Panel *pn, int NG, int T, int SIGNED, int64_t blocks, 
 TILE_FNS(1, 1) TILE_FNS(1, 2) TILE_FNS(1, 3) TILE_FNS(1, 4) TILE_FNS(1, 5) TILE_FNS(1, 6)
 TILE_FNS(2, 1) TILE_FNS(2, 2) TILE_FNS(2, 3) TILE_FNS(2, 4) TILE_FNS(2, 5) TILE_FNS(2, 6)
 
-enum { KIND_K8, KIND_K4, KIND_SIGNED, KIND_BIASED };
-static const tile_fn TILES[4][UNIT][TILE] = {
+enum { KIND_K8, KIND_K4, KIND_SIGNED, KIND_BIASED, KIND_P4, KIND_P6 };
+static const tile_fn TILES[6][UNIT][TILE] = {
     {{k8_1_1, k8_1_2, k8_1_3, k8_1_4, k8_1_5, k8_1_6},
      {k8_2_1, k8_2_2, k8_2_3, k8_2_4, k8_2_5, k8_2_6}},
     {{k4_1_1, k4_1_2, k4_1_3, k4_1_4, k4_1_5, k4_1_6},
@@ -1014,9 +1170,17 @@ static const tile_fn TILES[4][UNIT][TILE] = {
      {s_2_1, s_2_2, s_2_3, s_2_4, s_2_5, s_2_6}},
     {{b_1_1, b_1_2, b_1_3, b_1_4, b_1_5, b_1_6},
      {b_2_1, b_2_2, b_2_3, b_2_4, b_2_5, b_2_6}},
+    {{p4_1_1, p4_1_2, p4_1_3, p4_1_4, p4_1_5, p4_1_6},
+     {p4_2_1, p4_2_2, p4_2_3, p4_2_4, p4_2_5, p4_2_6}},
+    {{p6_1_1, p6_1_2, p6_1_3, p6_1_4, p6_1_5, p6_1_6},
+     {p6_2_1, p6_2_2, p6_2_3, p6_2_4, p6_2_5, p6_2_6}},
 };
 
 static int kind_of(int type) {
+#ifdef __AVX2__
+    if (packed_from(type)) return type == Q4_K_PANELS ? KIND_P4 : KIND_P6;
+#endif /* portable: run_unit unpacks them */
+    if (packed_from(type)) type = packed_from(type);
     return type == Q6_K ? KIND_K4 : is_k(type) ? KIND_K8 : type == Q8_0 ? KIND_SIGNED : KIND_BIASED;
 }
 
@@ -1262,7 +1426,7 @@ typedef struct {
 } Call;
 
 /* The token's activations in the layout of type's part. */
-static Token token_of(const Call *c, int type, int64_t t) {
+INLINE Token token_of(const Call *c, int type, int64_t t) {
     const Acts *acts = is_k(type) ? c->k_acts : c->acts32;
     const int64_t blocks = c->cols / q8_block(type);
     Token x = {acts->q + t * c->cols, acts->qu ? acts->qu + t * c->cols : NULL, acts->d + t * blocks,
@@ -1271,25 +1435,176 @@ static Token token_of(const Call *c, int type, int64_t t) {
     return x;
 }
 
+/* ---- Q4_K and Q6_K repacked into units ------------------------------------------------- */
+
+/* The 2 panels of the unit of packed weight w whose first row is n0 (a multiple of 16), where
+ * they lie: block 0's codes, multipliers and scales of each; blocks are PACKED_UNIT apart. */
+static void packed_unit(int type, const uint8_t *w, int64_t blocks, int64_t n0, Panel pn[UNIT]) {
+    const int PK = pk_of(type);
+    uint8_t *base = (uint8_t *)w + n0 / (UNIT * PANEL) * blocks * PACKED_UNIT(PK);
+    for (int g = 0; g < UNIT; g++) {
+        pn[g].codes = base + 32 * g, pn[g].sc8 = base + PACKED_SC(PK) + 8 * g;
+        pn[g].mn8 = PK == 1 ? base + PACKED_MN + 16 * g : NULL;
+        pn[g].d = (float *)(base + PACKED_D(PK)) + PANEL * g;
+        pn[g].dmin = PK == 1 ? pn[g].d + 2 * PANEL : NULL;
+        pn[g].ahead = 0;
+    }
+}
+
+/* Where code e (0..31: 8 rows x 4) of chunk ch of block k of panel g lies in a packed unit's
+ * block: the byte (*at) and the bit its low 4 bits start at (*shift); Q6_K_PANELS' high 2 bits
+ * in *at_high from bit *shift_high. */
+static void packed_place(int PK, int g, int ch, int e, int *at, int *shift, int *at_high, int *shift_high) {
+    if (PK == 1) {
+        *at = 64 * (8 * (ch / 16) + ch % 8) + 32 * g + e, *shift = 4 * ((ch / 8) & 1);
+        return;
+    }
+    *at = 64 * (ch % 32) + 32 * g + e, *shift = ch < 32 ? 0 : 4;
+    *at_high = 2048 + 64 * (ch % 16) + 32 * g + e, *shift_high = 2 * (ch / 16);
+}
+
+/* Q4_K or Q6_K rows w [rows][cols / 256 blocks] -> out, the packed type: (rows + 15) / 16 units
+ * of cols / 256 * PACKED_UNIT bytes (64-byte aligned). Each panel is decoded as the tiles would
+ * decode it, then stored as bits and bytes: the same codes and multipliers, so the products are
+ * the same bits. Returns 0, -1 for another type or a width that is not whole blocks, -2 out of
+ * memory. */
+int axon_q8_pack(int type, const uint8_t *w, int64_t rows, int64_t cols, uint8_t *out) {
+    const int packed = type == Q4_K ? Q4_K_PANELS : type == Q6_K ? Q6_K_PANELS : 0, PK = pk_of(packed);
+    if (!packed || cols <= 0 || cols % 256 || rows < 0) return -1;
+    const int64_t blocks = cols / 256, row_bytes = blocks * q8_bytes(type);
+    const int subs = PK == 1 ? 8 : 16;
+    char *base = aligned_alloc(64, panel_bytes(cols));
+    if (!base) return -2;
+    Panel p;
+    panel_place(&p, base, cols);
+    memset(out, 0, (size_t)((rows + 15) / 16 * blocks * PACKED_UNIT(PK)));
+    for (int64_t n0 = 0; n0 < rows; n0 += UNIT * PANEL)
+        for (int g = 0; g < UNIT; g++) {
+            const int64_t first = n0 + PANEL * g;
+            const int count = (int)(rows - first < PANEL ? (rows > first ? rows - first : 0) : PANEL);
+            decode_panel(type, w + first * row_bytes, row_bytes, count, blocks, &p, 0);
+            for (int64_t k = 0; k < blocks; k++) {
+                uint8_t *b = out + (n0 / (UNIT * PANEL) * blocks + k) * PACKED_UNIT(PK);
+                for (int ch = 0; ch < 64; ch++)
+                    for (int e = 0; e < 32; e++) {
+                        const uint8_t code = p.codes[32 * (64 * k + ch) + e];
+                        int at, shift, at_high = 0, shift_high = 0;
+                        packed_place(PK, g, ch, e, &at, &shift, &at_high, &shift_high);
+                        b[at] |= (uint8_t)((code & 15) << shift);
+                        if (PK == 2) b[at_high] |= (uint8_t)((code >> 4) << shift_high);
+                    }
+                float *d = (float *)(b + PACKED_D(PK)) + PANEL * g;
+                for (int r = 0; r < PANEL; r++) {
+                    for (int j = 0; j < subs; j++) b[PACKED_SC(PK) + 16 * j + 8 * g + r] = (uint8_t)p.scales[(subs * k + j) * PANEL + r];
+                    for (int i = 0; i < 4 && PK == 1; i++) {
+                        const int32_t pair = p.mins[(8 * k + i) * PANEL + r];
+                        b[PACKED_MN + 32 * i + 16 * g + 2 * r] = (uint8_t)pair, b[PACKED_MN + 32 * i + 16 * g + 2 * r + 1] = (uint8_t)(pair >> 16);
+                    }
+                    d[r] = p.d[PANEL * k + r];
+                    if (PK == 1) d[2 * PANEL + r] = p.dmin[PANEL * k + r];
+                }
+            }
+        }
+    free(base);
+    return 0;
+}
+
+/* A packed panel s (from packed_unit) into the common layout p, for the common tiles: the
+ * portable build's way, and with many tokens (more than PACKED_TOKENS), where taking the bits
+ * apart in every tile cost more than doing it once. */
+#ifdef __AVX2__
+INLINE void unpack_codes(const Panel *s, const int PK, int64_t blocks, uint8_t *codes) {
+    for (int64_t k = 0; k < blocks; k++)
+#pragma GCC unroll 64
+        for (int ch = 0; ch < 64; ch++) {
+            if (64 * ch < PACKED_UNIT(PK)) /* line ch of the next unit's block k */
+                _mm_prefetch((const char *)(s->codes + s->ahead + PACKED_UNIT(PK) * k + 64 * ch), _MM_HINT_T0);
+            _mm256_store_si256((__m256i *)(codes + 32 * (64 * k + ch)), packed_256(s, PK, k, ch));
+        }
+}
+
+INLINE void unpack_rest(const Panel *s, const int PK, int64_t blocks, const Panel *p) {
+    const int subs = PK == 1 ? 8 : 16;
+    for (int64_t k = 0; k < blocks; k++) {
+        for (int j = 0; j < subs; j++) _mm256_store_si256((__m256i *)(p->scales + (subs * k + j) * PANEL), scales_256(s, 64 / subs, PK, k, j));
+        for (int i = 0; i < subs / 2; i++) _mm256_store_si256((__m256i *)(p->mins + (8 * k + i) * PANEL), mins_256(s, PK, k, i));
+        _mm256_store_ps(p->d + PANEL * k, d_256(s, PK, k));
+        _mm256_store_ps(p->dmin + PANEL * k, dmin_256(s, PK, k));
+    }
+}
+
+static void unpack_panel(int type, const Panel *s, int g, int64_t blocks, const Panel *p) {
+    (void)g;
+    if (type == Q4_K_PANELS) {
+        unpack_codes(s, 1, blocks, p->codes);
+        unpack_rest(s, 1, blocks, p);
+    } else {
+        unpack_codes(s, 2, blocks, p->codes);
+        unpack_rest(s, 2, blocks, p);
+    }
+}
+#else
+static void unpack_panel(int type, const Panel *s, int g, int64_t blocks, const Panel *p) {
+    const int PK = pk_of(type), subs = PK == 1 ? 8 : 16;
+    for (int64_t k = 0; k < blocks; k++) {
+        const uint8_t *b = s->codes - 32 * g + PACKED_UNIT(PK) * k;
+        for (int ch = 0; ch < 64; ch++)
+            for (int e = 0; e < 32; e++) {
+                int at, shift, at_high = 0, shift_high = 0;
+                packed_place(PK, g, ch, e, &at, &shift, &at_high, &shift_high);
+                int code = (b[at] >> shift) & 15;
+                if (PK == 2) code |= ((b[at_high] >> shift_high) & 3) << 4;
+                p->codes[32 * (64 * k + ch) + e] = (uint8_t)code;
+            }
+        const float *d = (const float *)(b + PACKED_D(PK)) + PANEL * g;
+        for (int r = 0; r < PANEL; r++) {
+            const uint8_t *sc = b + PACKED_SC(PK) + 8 * g + r;
+            for (int j = 0; j < subs; j++) p->scales[(subs * k + j) * PANEL + r] = PK == 2 ? (int8_t)sc[16 * j] : sc[16 * j];
+            for (int i = 0; i < subs / 2; i++) {
+                const uint8_t *mn = b + PACKED_MN + 32 * i + 16 * g + 2 * r;
+                p->mins[(8 * k + i) * PANEL + r] = PK == 1 ? int16_pair(mn[0], mn[1]) : int16_pair((int8_t)sc[32 * i], (int8_t)sc[32 * i + 16]);
+            }
+            p->d[PANEL * k + r] = d[r], p->dmin[PANEL * k + r] = PK == 1 ? d[2 * PANEL + r] : d[r] * 32.0f;
+        }
+    }
+}
+#endif
+
 /* Rows [n0, n0 + 16) of part p (fewer at its end), output columns from `column`: the rows
- * decoded into two panels once, then every token, TILE at a time. */
+ * decoded into two panels once (packed: read where they lie), then every token, TILE at a time. */
 static void run_unit(const Call *c, int p, int64_t n0, int64_t column, Panel *pn, int64_t t_begin,
                      int64_t t_end) {
     const int type = c->types[p], B = q8_block(type);
     const int64_t blocks = c->cols / B, row_bytes = blocks * q8_bytes(type);
-    int count[UNIT], panels = 0;
+    int count[UNIT], panels = 0, kind = kind_of(type);
+#ifdef __AVX2__
+    const int unpack = packed_from(type) && t_end - t_begin > (type == Q6_K_PANELS ? PACKED_TOKENS_Q6 : PACKED_TOKENS);
+#else
+    const int unpack = 1;
+#endif
+    Panel packed[UNIT];
+    if (packed_from(type)) {
+        if (unpack) kind = kind_of(packed_from(type));
+        packed_unit(type, c->ws[p], blocks, n0, unpack ? packed : pn);
+        /* the next unit this thread reads, the one after it (its share is contiguous) */
+        if (n0 + 2 * UNIT * PANEL <= c->rows[p]) (unpack ? packed : pn)[0].ahead = blocks * PACKED_UNIT(pk_of(type));
+    }
     for (; panels < UNIT && n0 + PANEL * panels < c->rows[p]; panels++) {
         const int64_t first = n0 + PANEL * panels, left = c->rows[p] - first;
         count[panels] = (int)(left < PANEL ? left : PANEL);
         /* Units go out one at a time to `threads` threads: this one's next is ~threads on. */
         const int64_t ahead = first + c->ahead + PANEL <= c->rows[p] ? c->ahead : 0;
+        if (packed_from(type)) {
+            if (unpack) unpack_panel(type, packed + panels, panels, blocks, pn + panels);
+            continue;
+        }
         decode_panel(type, c->ws[p] + first * row_bytes, row_bytes, count[panels], blocks, pn + panels, ahead);
     }
     for (int64_t t0 = t_begin; t0 < t_end; t0 += TILE) {
         const int tt = (int)(t_end - t0 < TILE ? t_end - t0 : TILE);
         Token x[TILE];
         for (int t = 0; t < tt; t++) x[t] = token_of(c, type, t0 + t);
-        TILES[kind_of(type)][panels - 1][tt - 1](pn, blocks, x, c->y + t0 * c->ldy + column + n0, c->ldy, count);
+        TILES[kind][panels - 1][tt - 1](pn, blocks, x, c->y + t0 * c->ldy + column + n0, c->ldy, count);
     }
 }
 
@@ -1312,6 +1627,12 @@ static int run_work(const Call *c, int64_t u) {
 #ifdef __AVX2__
     if (c->tokens == 1) {
         const int p = unit_of(c, GEMV_ROWS, u, &n0, &column), type = c->types[p];
+        if (packed_from(type)) { /* the tiles, one token, over the panels where they lie */
+            Panel pn[UNIT];
+            for (int64_t r0 = n0; r0 < n0 + GEMV_ROWS && r0 < c->rows[p]; r0 += UNIT * PANEL)
+                run_unit(c, p, r0, column, pn, 0, 1);
+            return 1;
+        }
         const int64_t blocks = c->cols / q8_block(type), row_bytes = blocks * q8_bytes(type);
         const Token x = token_of(c, type, 0);
         for (int64_t r0 = n0; r0 < n0 + GEMV_ROWS && r0 < c->rows[p]; r0 += PANEL) {

@@ -227,9 +227,9 @@ def _ptr_of(module, name: str = "weight") -> int | None:
 
 
 def _projection(weights: ggml_cpu.GGMLWeights) -> _Projection:
-    count = len(weights.parts)
-    types = [int(t) for t, _ in weights.parts] + [0] * (3 - count)
-    pointers = [raw.data_ptr() for _, raw in weights.parts] + [None] * (3 - count)
-    rows = [raw.shape[0] for _, raw in weights.parts] + [0] * (3 - count)
+    count = len(weights.parts)  # the C call's arguments, as the weights prepared them
+    types = list(weights._types) + [0] * (3 - count)
+    pointers = list(weights._ptrs) + [None] * (3 - count)
+    rows = list(weights._rows) + [0] * (3 - count)
     return _Projection(count, int(weights.parallel), int(weights.int8), (_i32 * 3)(*types),
                        (_ptr * 3)(*pointers), (_i64 * 3)(*rows))  # fmt: skip

@@ -132,7 +132,7 @@ class QuantizedMatmul(nn.Module):
         if self.kind == "ggml" and x.device.type == "cpu":
             if self._ggml is None or self._ggml.parts[0][1] is not self.raw:
                 weights = [(self.ggml_type, self.raw)]
-                self._ggml = ggml_cpu.GGMLWeights(weights, self.in_features, self.int8)
+                self._ggml = ggml_cpu.GGMLWeights(weights, self.in_features, self.int8, pack=True)
             if out is not None and x.dtype == torch.float32:
                 return self._ggml.matmul(x, out)
             y = self._ggml.matmul(x).to(x.dtype)
@@ -200,7 +200,7 @@ class QuantizedParts(nn.Module):
         parts = [self.parts[key] for key in self.order]
         if all(part.kind == "ggml" and part.raw.device.type == "cpu" for part in parts):
             weights = [(part.ggml_type, part.raw) for part in parts]
-            self._ggml = ggml_cpu.GGMLWeights(weights, parts[0].in_features, self.int8)
+            self._ggml = ggml_cpu.GGMLWeights(weights, parts[0].in_features, self.int8, pack=True)
 
 
 class QuantizedEmbedding(nn.Module):
