@@ -53,7 +53,9 @@ def random_weight(ggml_type: int, rows: int, cols: int, rng) -> np.ndarray:
 def packed(lib, ggml_type: int, w: np.ndarray, cols: int) -> tuple[int, np.ndarray]:
     """w as the int8 engine keeps it (`ggml_q8.pack`): (packed type, bytes)."""
     packed_type, block_bytes = PACKED[ggml_type]
-    out = np.empty(((w.shape[0] + 15) // 16, cols // 256 * block_bytes), np.uint8)
+    shape = ((w.shape[0] + 15) // 16, cols // 256 * block_bytes)
+    room = np.empty(shape[0] * shape[1] + 64, np.uint8)  # the kernel wants 64-byte alignment
+    out = room[-room.ctypes.data % 64 :][: shape[0] * shape[1]].reshape(shape)
     lib.axon_q8_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                  ctypes.c_void_p]  # fmt: skip
     assert lib.axon_q8_pack(ggml_type, w.ctypes.data, w.shape[0], cols, out.ctypes.data) == 0

@@ -1463,14 +1463,14 @@ static void packed_place(int PK, int g, int ch, int e, int *at, int *shift, int 
     *at_high = 2048 + 64 * (ch % 16) + 32 * g + e, *shift_high = 2 * (ch / 16);
 }
 
-/* Q4_K or Q6_K rows w [rows][cols / 256 blocks] -> out, the packed type: (rows + 15) / 16 units
- * of cols / 256 * PACKED_UNIT bytes (64-byte aligned). Each panel is decoded as the tiles would
+/* Q4_K or Q6_K rows w [rows][cols / 256 blocks] -> out (64-byte aligned), the packed type:
+ * (rows + 15) / 16 units of cols / 256 * PACKED_UNIT bytes. Each panel is decoded as the tiles would
  * decode it, then stored as bits and bytes: the same codes and multipliers, so the products are
- * the same bits. Returns 0, -1 for another type or a width that is not whole blocks, -2 out of
- * memory. */
+ * the same bits. Returns 0, -1 for another type, a width that is not whole blocks or an unaligned
+ * out, -2 out of memory. */
 int axon_q8_pack(int type, const uint8_t *w, int64_t rows, int64_t cols, uint8_t *out) {
     const int packed = type == Q4_K ? Q4_K_PANELS : type == Q6_K ? Q6_K_PANELS : 0, PK = pk_of(packed);
-    if (!packed || cols <= 0 || cols % 256 || rows < 0) return -1;
+    if (!packed || cols <= 0 || cols % 256 || rows < 0 || (uintptr_t)out % 64) return -1;
     const int64_t blocks = cols / 256, row_bytes = blocks * q8_bytes(type);
     const int subs = PK == 1 ? 8 : 16;
     char *base = aligned_alloc(64, panel_bytes(cols));
@@ -1688,6 +1688,7 @@ int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
     int64_t units = 0;
     for (int p = 0; p < parts; p++) {
         if (!axon_q8_supported(types[p]) || cols % q8_block(types[p])) return -1;
+        if (packed_from(types[p]) && (uintptr_t)ws[p] % 64) return -1; /* aligned loads */
         need_k |= is_k(types[p]), need_32 |= !is_k(types[p]);
         units += (rows[p] + rows_per - 1) / rows_per;
     }
