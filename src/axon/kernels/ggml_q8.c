@@ -799,21 +799,22 @@ INLINE void store_pair(__m512 v, float *y, const int *count) {
     }
 }
 
-/* Chunk ch of block k of a packed unit (PK 1: Q4_K_PANELS, 2: Q6_K_PANELS), both panels: the
- * codes decode_panel would have stored. */
-INLINE __m512i packed_512(const Panel *pn, const int PK, int64_t k, const int ch) {
+/* Chunk c of sub-block j of block k of a packed unit (PK 1: Q4_K_PANELS, 2: Q6_K_PANELS), both
+ * panels: the codes decode_panel would have stored. G says which bits hold them and must be a
+ * constant (j need not be): Q4_K_PANELS the high nibbles (j odd), Q6_K_PANELS j / 4, the pair
+ * of high bits (and from 2 on the high nibbles). */
+INLINE __m512i packed_512(const Panel *pn, const int PK, int64_t k, int j, const int c, const int G) {
     const uint8_t *b = pn[0].codes + PACKED_UNIT(PK) * k;
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     if (PK == 1) {
-        const __m512i w = _mm512_load_si512((const void *)(b + 64 * (8 * (ch / 16) + ch % 8)));
-        return _mm512_and_si512((ch / 8) & 1 ? _mm512_srli_epi16(w, 4) : w, low4);
+        const __m512i w = _mm512_load_si512((const void *)(b + 64 * (8 * (j / 2) + c)));
+        return _mm512_and_si512(G ? _mm512_srli_epi16(w, 4) : w, low4);
     }
-    const __m512i w = _mm512_load_si512((const void *)(b + 64 * (ch % 32)));
-    const __m512i h = _mm512_load_si512((const void *)(b + 2048 + 64 * (ch % 16)));
-    const int g = ch / 16;
-    const __m512i high = g == 0 ? _mm512_slli_epi16(h, 4) : g == 1 ? _mm512_slli_epi16(h, 2) : g == 2 ? h : _mm512_srli_epi16(h, 2);
+    const __m512i w = _mm512_load_si512((const void *)(b + 64 * (16 * (G % 2) + 4 * (j % 4) + c)));
+    const __m512i h = _mm512_load_si512((const void *)(b + 2048 + 64 * (4 * (j % 4) + c)));
+    const __m512i high = G == 0 ? _mm512_slli_epi16(h, 4) : G == 1 ? _mm512_slli_epi16(h, 2) : G == 2 ? h : _mm512_srli_epi16(h, 2);
     /* (low & 0x0F) | (high & 0x30) */
-    return _mm512_ternarylogic_epi32(ch < 32 ? w : _mm512_srli_epi16(w, 4), _mm512_and_si512(high, _mm512_set1_epi8(0x30)), low4, 0xE4);
+    return _mm512_ternarylogic_epi32(G < 2 ? w : _mm512_srli_epi16(w, 4), _mm512_and_si512(high, _mm512_set1_epi8(0x30)), low4, 0xE4);
 }
 
 /* Sub-block j's multipliers of block k, both panels (16 int32 lanes). */
@@ -846,16 +847,17 @@ INLINE __m512 dmin_512(const Panel *pn, const int PK, int64_t k) {
     return _mm512_load_ps(pn[0].dmin + PACKED_UNIT(PK) / 4 * k);
 }
 
-/* Sub-block j of block k of two panels x T tokens into isum (tile_k512's inner steps). */
-INLINE void sub_512(const Panel *pn, const int T, const int CS, const int PK, int64_t k, const int j,
-                    const Token *x, __m512i isum[TILE]) {
+/* Sub-block j of block k of two panels x T tokens into isum (tile_k512's inner steps; G: see
+ * packed_512). */
+INLINE void sub_512(const Panel *pn, const int T, const int CS, const int PK, int64_t k, int j,
+                    const int G, const Token *x, __m512i isum[TILE]) {
     __m512i p[TILE];
     for (int t = 0; t < T; t++) p[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int c = 0; c < CS; c++) {
         const int64_t chunk = 64 * k + CS * j + c;
-        const __m512i w = PK ? packed_512(pn, PK, k, CS * j + c) : pair_of(pn[0].codes + 32 * chunk, pn[1].codes + 32 * chunk);
-        if (PK && 64 * (CS * j + c) < PACKED_UNIT(PK)) /* line ch of the next unit's block k */
+        const __m512i w = PK ? packed_512(pn, PK, k, j, c, G) : pair_of(pn[0].codes + 32 * chunk, pn[1].codes + 32 * chunk);
+        if (PK && 64 * (CS * j + c) < PACKED_UNIT(PK)) /* line CS j + c of the next unit's block k */
             _mm_prefetch((const char *)(pn[0].codes + pn[0].ahead + PACKED_UNIT(PK) * k + 64 * (CS * j + c)), _MM_HINT_T0);
         for (int t = 0; t < T; t++) p[t] = _mm512_dpbusd_epi32(p[t], w, bcast4_512(x[t].q + 4 * chunk));
     }
@@ -872,11 +874,16 @@ INLINE void tile_k512(const Panel *pn, const int T, const int CS, const int PK, 
     for (int64_t k = 0; k < blocks; k++) {
         __m512i isum[TILE];
         for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
-        if (PK) { /* every sub-block unrolled: which bits hold a chunk's codes is then constant */
-#pragma GCC unroll 16
-            for (int j = 0; j < subs; j++) sub_512(pn, T, CS, PK, k, j, x, isum);
+        if (PK == 1) { /* which bits hold the codes is a constant, the loops are not unrolled */
+#pragma GCC unroll 1
+            for (int m = 0; m < 4; m++) sub_512(pn, T, CS, PK, k, 2 * m, 0, x, isum), sub_512(pn, T, CS, PK, k, 2 * m + 1, 1, x, isum);
+        } else if (PK == 2) {
+#pragma GCC unroll 4
+            for (int G = 0; G < 4; G++)
+#pragma GCC unroll 1
+                for (int j = 4 * G; j < 4 * G + 4; j++) sub_512(pn, T, CS, PK, k, j, G, x, isum);
         } else {
-            for (int j = 0; j < subs; j++) sub_512(pn, T, CS, PK, k, j, x, isum);
+            for (int j = 0; j < subs; j++) sub_512(pn, T, CS, PK, k, j, 0, x, isum);
         }
         const __m512 d = d_512(pn, PK, k), dmin = dmin_512(pn, PK, k);
         __m512i mins[8]; /* once per block (Q6_K_PANELS' are shuffled from its scales) */
@@ -922,20 +929,19 @@ INLINE void tile_32_512(const Panel *pn, const int T, const int SIGNED, int64_t 
 }
 #endif
 
-/* Chunk ch of block k of packed panel p (PK 1: Q4_K_PANELS, 2: Q6_K_PANELS): the codes
- * decode_panel would have stored. */
-INLINE __m256i packed_256(const Panel *p, const int PK, int64_t k, const int ch) {
+/* Chunk c of sub-block j of block k of packed panel p (PK 1: Q4_K_PANELS, 2: Q6_K_PANELS): the
+ * codes decode_panel would have stored (G: see packed_512). */
+INLINE __m256i packed_256(const Panel *p, const int PK, int64_t k, int j, const int c, const int G) {
     const uint8_t *b = p->codes + PACKED_UNIT(PK) * k;
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     if (PK == 1) {
-        const __m256i w = _mm256_load_si256((const __m256i *)(b + 64 * (8 * (ch / 16) + ch % 8)));
-        return _mm256_and_si256((ch / 8) & 1 ? _mm256_srli_epi16(w, 4) : w, low4);
+        const __m256i w = _mm256_load_si256((const __m256i *)(b + 64 * (8 * (j / 2) + c)));
+        return _mm256_and_si256(G ? _mm256_srli_epi16(w, 4) : w, low4);
     }
-    const __m256i w = _mm256_load_si256((const __m256i *)(b + 64 * (ch % 32)));
-    const __m256i h = _mm256_load_si256((const __m256i *)(b + 2048 + 64 * (ch % 16)));
-    const int g = ch / 16;
-    const __m256i high = g == 0 ? _mm256_slli_epi16(h, 4) : g == 1 ? _mm256_slli_epi16(h, 2) : g == 2 ? h : _mm256_srli_epi16(h, 2);
-    const __m256i low = _mm256_and_si256(ch < 32 ? w : _mm256_srli_epi16(w, 4), low4);
+    const __m256i w = _mm256_load_si256((const __m256i *)(b + 64 * (16 * (G % 2) + 4 * (j % 4) + c)));
+    const __m256i h = _mm256_load_si256((const __m256i *)(b + 2048 + 64 * (4 * (j % 4) + c)));
+    const __m256i high = G == 0 ? _mm256_slli_epi16(h, 4) : G == 1 ? _mm256_slli_epi16(h, 2) : G == 2 ? h : _mm256_srli_epi16(h, 2);
+    const __m256i low = _mm256_and_si256(G < 2 ? w : _mm256_srli_epi16(w, 4), low4);
     return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
 }
 
@@ -966,7 +972,7 @@ INLINE __m256 dmin_256(const Panel *p, const int PK, int64_t k) {
 /* Sub-block j of K-quant block k (CS chunks of 4) into isum, NG panels x T tokens (PK: packed,
  * the codes taken apart here and the multipliers widened from bytes). */
 INLINE void k_sub(const Panel *pn, const int NG, const int T, const int CS, const int PK, int64_t k,
-                  const int j, const Token *x, __m256i isum[UNIT][TILE]) {
+                  int j, const int G, const Token *x, __m256i isum[UNIT][TILE]) {
     __m256i p[UNIT][TILE];
     for (int g = 0; g < NG; g++)
         for (int t = 0; t < T; t++) p[g][t] = _mm256_setzero_si256();
@@ -975,8 +981,8 @@ INLINE void k_sub(const Panel *pn, const int NG, const int T, const int CS, cons
         const int64_t chunk = 64 * k + CS * j + c;
         __m256i w[UNIT];
         for (int g = 0; g < NG; g++)
-            w[g] = PK ? packed_256(pn + g, PK, k, CS * j + c) : _mm256_load_si256((const __m256i *)(pn[g].codes + 32 * chunk));
-        if (PK && 64 * (CS * j + c) < PACKED_UNIT(PK)) /* line ch of the next unit's block k */
+            w[g] = PK ? packed_256(pn + g, PK, k, j, c, G) : _mm256_load_si256((const __m256i *)(pn[g].codes + 32 * chunk));
+        if (PK && 64 * (CS * j + c) < PACKED_UNIT(PK)) /* line CS j + c of the next unit's block k */
             _mm_prefetch((const char *)(pn[0].codes + pn[0].ahead + PACKED_UNIT(PK) * k + 64 * (CS * j + c)), _MM_HINT_T0);
         for (int t = 0; t < T; t++) {
             const __m256i v = bcast4(x[t].q + 4 * chunk);
@@ -992,11 +998,16 @@ INLINE void k_sub(const Panel *pn, const int NG, const int T, const int CS, cons
 /* The integer sums of K-quant block k, sub-block by sub-block. */
 INLINE void k_isums(const Panel *pn, const int NG, const int T, const int CS, const int PK,
                     int64_t k, const Token *x, __m256i isum[UNIT][TILE]) {
-    if (PK) { /* every sub-block unrolled: which bits hold a chunk's codes is then constant */
-#pragma GCC unroll 16
-        for (int j = 0; j < 64 / CS; j++) k_sub(pn, NG, T, CS, PK, k, j, x, isum);
+    if (PK == 1) { /* which bits hold the codes is a constant, the loops are not unrolled */
+#pragma GCC unroll 1
+        for (int m = 0; m < 4; m++) k_sub(pn, NG, T, CS, PK, k, 2 * m, 0, x, isum), k_sub(pn, NG, T, CS, PK, k, 2 * m + 1, 1, x, isum);
+    } else if (PK == 2) {
+#pragma GCC unroll 4
+        for (int G = 0; G < 4; G++)
+#pragma GCC unroll 1
+            for (int j = 4 * G; j < 4 * G + 4; j++) k_sub(pn, NG, T, CS, PK, k, j, G, x, isum);
     } else {
-        for (int j = 0; j < 64 / CS; j++) k_sub(pn, NG, T, CS, PK, k, j, x, isum);
+        for (int j = 0; j < 64 / CS; j++) k_sub(pn, NG, T, CS, PK, k, j, 0, x, isum);
     }
 }
 
@@ -1519,7 +1530,8 @@ INLINE void unpack_codes(const Panel *s, const int PK, int64_t blocks, uint8_t *
         for (int ch = 0; ch < 64; ch++) {
             if (64 * ch < PACKED_UNIT(PK)) /* line ch of the next unit's block k */
                 _mm_prefetch((const char *)(s->codes + s->ahead + PACKED_UNIT(PK) * k + 64 * ch), _MM_HINT_T0);
-            _mm256_store_si256((__m256i *)(codes + 32 * (64 * k + ch)), packed_256(s, PK, k, ch));
+            const int CS = PK == 1 ? 8 : 4, j = ch / CS, G = PK == 1 ? j & 1 : j / 4; /* unrolled */
+            _mm256_store_si256((__m256i *)(codes + 32 * (64 * k + ch)), packed_256(s, PK, k, j, ch % CS, G));
         }
 }
 
