@@ -441,7 +441,7 @@ static void k_block_scales(int type, const uint8_t *b, const Panel *p, int64_t k
 }
 
 /* Row r of block k into codes (B values) and the panel's multipliers; a zero row past count. */
-static void decode_block(int type, const uint8_t *b, uint8_t *codes, const Panel *p, int64_t k,
+INLINE void decode_block(int type, const uint8_t *b, uint8_t *codes, const Panel *p, int64_t k,
                          int r) {
     if (!b) {
         memset(codes, 0, (size_t)q8_block(type));
@@ -682,8 +682,8 @@ static void decode_panel_k(int type, const uint8_t *w, int64_t row_bytes, int co
  * likely decode next: 8 rows' blocks side by side are 8 short streams that the hardware
  * prefetcher does not follow, and without it decode_panel waited on memory for most of its
  * time (a cold 151936-row LM head at 16 tokens ran at a third of the L2-hot rate). */
-static void decode_panel(int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
-                         const Panel *p, int64_t ahead) {
+NOINLINE void decode_panel(int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
+                           const Panel *p, int64_t ahead) {
 #ifdef __AVX2__
     if (type == Q8_0) return decode_panel_q8_0(w, row_bytes, count, blocks, p, ahead);
     if (type == Q4_K || type == Q6_K) return decode_panel_k(type, w, row_bytes, count, blocks, p, ahead);
