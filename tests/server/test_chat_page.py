@@ -209,12 +209,27 @@ def greedy_answer(server: Server, text: str, max_tokens: int, key: str | None = 
     return response.json()
 
 
+def slow_network(browser, bytes_per_s: int) -> None:
+    """Chromium's own network throttling (DevTools protocol; -1 lifts it): the stream then
+    reaches the page in pieces, as over a real link. On the loopback a loaded machine could
+    hand the page the whole answer in one read, which it rightly renders once."""
+    browser.execute_cdp_cmd("Network.enable", {})
+    conditions = {"offline": False, "latency": 0, "uploadThroughput": -1}
+    browser.execute_cdp_cmd(
+        "Network.emulateNetworkConditions", {**conditions, "downloadThroughput": bytes_per_s}
+    )
+
+
 def test_streams_the_greedy_answer_of_the_api(browser, chat_server):
     open_page(browser, chat_server.base_url)
     set_sampling(browser, temperature=0, max_tokens=200)
     browser.execute_script(RECORD_ANSWER_TEXTS)
-    send(browser, "hello world")
-    wait_until_ready(browser)
+    slow_network(browser, 20_000)  # ~40 KB of events: about 2 s
+    try:
+        send(browser, "hello world")
+        wait_until_ready(browser)
+    finally:
+        slow_network(browser, -1)
 
     expected = greedy_answer(chat_server, "hello world", 200)
     final = answer_text(browser)
