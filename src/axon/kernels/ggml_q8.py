@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 from typing import TYPE_CHECKING
 
 import torch
@@ -106,6 +107,9 @@ def _huge_empty(rows: int, row_bytes: int) -> torch.Tensor:
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """libc for madvise, on Linux only (the advice numbers below are Linux's)."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
