@@ -99,10 +99,7 @@ static int pk_of(int type) { return type == Q4_K_PANELS ? 1 : 2; }
 #ifndef PACKED_TOKENS
 #define PACKED_TOKENS 24 /* packed panels: up to this many tokens the tiles read them as they lie */
 #endif
-#ifndef PACKED_TOKENS_Q6
-#define PACKED_TOKENS_Q6 24
-#endif
-#if PACKED_TOKENS < 1 || PACKED_TOKENS_Q6 < 1
+#if PACKED_TOKENS < 1
 #error "one token always reads packed panels where they lie (run_work has no scratch panels then)"
 #endif
 #define TILE 6  /* tokens per tile: a loaded weight vector serves 6 tokens (4: Q8_0 ran ~1/3 slower) */
@@ -1188,10 +1185,7 @@ static const tile_fn TILES[6][UNIT][TILE] = {
 };
 
 static int kind_of(int type) {
-#ifdef __AVX2__
-    if (packed_from(type)) return type == Q4_K_PANELS ? KIND_P4 : KIND_P6;
-#endif /* portable: run_unit unpacks them */
-    if (packed_from(type)) type = packed_from(type);
+    if (packed_from(type)) return type == Q4_K_PANELS ? KIND_P4 : KIND_P6; /* read in place */
     return type == Q6_K ? KIND_K4 : is_k(type) ? KIND_K8 : type == Q8_0 ? KIND_SIGNED : KIND_BIASED;
 }
 
@@ -1590,9 +1584,9 @@ static void run_unit(const Call *c, int p, int64_t n0, int64_t column, Panel *pn
     const int64_t blocks = c->cols / B, row_bytes = blocks * q8_bytes(type);
     int count[UNIT], panels = 0, kind = kind_of(type);
 #ifdef __AVX2__
-    const int unpack = packed_from(type) && t_end - t_begin > (type == Q6_K_PANELS ? PACKED_TOKENS_Q6 : PACKED_TOKENS);
+    const int unpack = packed_from(type) && t_end - t_begin > PACKED_TOKENS;
 #else
-    const int unpack = 1;
+    const int unpack = 1; /* the portable tiles read the common layout only */
 #endif
     Panel packed[UNIT];
     if (packed_from(type)) {

@@ -140,7 +140,8 @@ def kernel_parts(
     parts: list[tuple[int, torch.Tensor]], cols: int
 ) -> list[tuple[int, torch.Tensor, int]]:
     """The parts as the 8-bit kernel takes them, (type, bytes, rows): Q4_K and Q6_K packed
-    (`pack`), the other formats as they are."""
+    (`pack`, their GGUF pages then given back: `release_pages`), the other formats as they
+    are."""
     out = []
     for t, raw in parts:
         if int(t) not in PACKED:
