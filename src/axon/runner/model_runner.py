@@ -18,7 +18,7 @@ from axon.layers.quantized import use_int8_activations
 from axon.loader import load_hf_config, progress
 from axon.loader.weights import load_weights
 from axon.models.registry import get_model_class
-from axon.runner import adaptive_threads, decode_batch, host_memory, images, tensor_parallel
+from axon.runner import adaptive_threads, decode_batch, heap, host_memory, images, tensor_parallel
 from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
 from axon.sampling import Sampler
 from axon.sequence import ImageInputs, Sequence
@@ -79,6 +79,8 @@ class ModelRunner:
         # Decode inputs reused step to step: one CPU rank only (see HostBuffers).
         single_cpu = self.device.type == "cpu" and self.workers is None
         self._decode_host = decode_batch.HostBuffers() if single_cpu else None
+        if self.device.type == "cpu":
+            heap.keep_freed_heap()  # a step's activations reused, not faulted in again (heap.py)
 
     def close(self) -> None:
         """Stops the other tensor-parallel ranks (rank 0; nothing with a single rank)."""
