@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -951,14 +952,11 @@ int axon_ggml_dequant(int type, const uint8_t *w, int64_t rows, int64_t cols, fl
 /* ---- long batches (prefill): dequantized panels against every token ---------------------- */
 
 /* Past MAX_TOKENS a weight serves enough tokens that decoding it once beats decoding it per
- * register tile: a thread dequantizes a panel of rows (PANEL_BYTES of float32, sized to stay in
+ * register tile: a thread dequantizes a panel of rows (panel_bytes() of float32, sized to stay in
  * its L2) and multiplies it with every token before the next panel, so the float32 weights never
  * go to DRAM and the decoding is paid once per weight per call. The register tile is TR rows x
  * TT tokens of dot products along the columns (the panel and x are both row-major, nothing is
  * repacked), reduced four rows at a time into four adjacent outputs. */
-#ifndef PANEL_BYTES
-#define PANEL_BYTES (192 << 10)
-#endif
 #define TR 4
 #if defined(__AVX512F__)
 typedef float vfloat __attribute__((vector_size(64)));
@@ -987,14 +985,14 @@ INLINE f32x8 fold8(vfloat v) {
 }
 
 /* y[t * ldy + r] = x[t] . w[r] for R <= TR rows of the panel (cols apart) and T <= TT tokens. */
-INLINE void panel_tile(const float *w, int64_t cols, const float *x, int64_t ldx, float *y,
-                       int64_t ldy, const int R, const int T) {
+INLINE void panel_tile(const float *w, int64_t ldw, int64_t cols, const float *x, int64_t ldx,
+                       float *y, int64_t ldy, const int R, const int T) {
     vfloat acc[TR][TT];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = (vfloat){0};
     for (int64_t k = 0; k < cols; k += VL) {
         vfloat wv[TR];
-        for (int r = 0; r < R; r++) wv[r] = loadv(w + r * cols + k);
+        for (int r = 0; r < R; r++) wv[r] = loadv(w + r * ldw + k);
         for (int t = 0; t < T; t++) {
             vfloat xv = loadv(x + t * ldx + k);
             __asm__("" : "+x"(xv)); /* one load per token, not one folded into each product */
@@ -1015,34 +1013,63 @@ INLINE void panel_tile(const float *w, int64_t cols, const float *x, int64_t ldx
 
 /* One instance per (R, T) with constant loop bounds: row quads, then single rows. */
 #define PANEL_TILES(R)                                                                            \
-    static void panel_tiles_##R(const float *w, int64_t cols, const float *x, int64_t ldx,       \
-                                float *y, int64_t ldy, int T) {                                   \
+    static void panel_tiles_##R(const float *w, int64_t ldw, int64_t cols, const float *x,       \
+                                int64_t ldx, float *y, int64_t ldy, int T) {                      \
         switch (T) {                                                                              \
-        case 1: panel_tile(w, cols, x, ldx, y, ldy, R, 1); break;                                 \
-        case 2: panel_tile(w, cols, x, ldx, y, ldy, R, TT < 2 ? TT : 2); break;                   \
-        case 3: panel_tile(w, cols, x, ldx, y, ldy, R, TT < 3 ? TT : 3); break;                   \
-        case 4: panel_tile(w, cols, x, ldx, y, ldy, R, TT < 4 ? TT : 4); break;                   \
-        case 5: panel_tile(w, cols, x, ldx, y, ldy, R, TT < 5 ? TT : 5); break;                   \
-        default: panel_tile(w, cols, x, ldx, y, ldy, R, TT); break;                              \
+        case 1: panel_tile(w, ldw, cols, x, ldx, y, ldy, R, 1); break;                                 \
+        case 2: panel_tile(w, ldw, cols, x, ldx, y, ldy, R, TT < 2 ? TT : 2); break;                   \
+        case 3: panel_tile(w, ldw, cols, x, ldx, y, ldy, R, TT < 3 ? TT : 3); break;                   \
+        case 4: panel_tile(w, ldw, cols, x, ldx, y, ldy, R, TT < 4 ? TT : 4); break;                   \
+        case 5: panel_tile(w, ldw, cols, x, ldx, y, ldy, R, TT < 5 ? TT : 5); break;                   \
+        default: panel_tile(w, ldw, cols, x, ldx, y, ldy, R, TT); break;                              \
         }                                                                                         \
     }
 PANEL_TILES(4)
 PANEL_TILES(1)
 
+/* A panel's bytes: 3/8 of a core's L2 (192 KiB where the C library does not say). Each token
+ * tile's activations are read once per panel, from L3 at 512 tokens (2 MiB of them): the larger
+ * the panel, the more row quads share that read. On a Xeon with 2 MiB of L2, 768 KiB ran Q4_K
+ * 3072 x 1024 and Q6_K 1024 x 3072 at 512 tokens 1.07-1.17x faster than 192 KiB; 1.5 MiB was
+ * slower again (the panel and the activations no longer both fit). */
+static int64_t panel_bytes(void) {
+#ifdef PANEL_BYTES
+    return PANEL_BYTES;
+#else
+    static int64_t bytes; /* every thread computes the same value */
+    if (!bytes) {
+        long l2 = 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        bytes = l2 > 0 ? (int64_t)l2 / 8 * 3 : 192 << 10;
+        if (bytes < (96 << 10)) bytes = 96 << 10;
+        if (bytes > (3 << 20)) bytes = 3 << 20;
+    }
+    return bytes;
+#endif
+}
+
+/* A panel row's floats: one cache line more than its columns, so that the rows of a tile (4 KiB
+ * apart at 1024 columns) do not all fall into the same L1 set and push the token tile's lines
+ * out. */
+INLINE int64_t panel_stride(int64_t cols) { return cols + 16; }
+
 /* Rows [begin, end) of W (`type`, cols wide) for every token, through `panel` [end - begin, cols]:
  * tokens outside, rows inside, so that a token tile's x stays in L1 for the whole panel. */
 static void panel_rows(int type, const uint8_t *w, int64_t cols, int64_t begin, int64_t end,
                        const float *x, int64_t tokens, float *y, int64_t ldy, float *panel) {
-    const int64_t blocks = cols / block_size(type);
-    dequant_blocks(type, w, begin * blocks, end * blocks, panel);
+    const int64_t blocks = cols / block_size(type), ldw = panel_stride(cols);
     const int64_t rows = end - begin;
+    for (int64_t r = 0; r < rows; r++)
+        dequant_blocks(type, w, (begin + r) * blocks, (begin + r + 1) * blocks, panel + r * ldw);
     for (int64_t t = 0; t < tokens; t += TT) {
         const int T = tokens - t < TT ? (int)(tokens - t) : TT;
         const float *xt = x + t * cols;
         float *yt = y + t * ldy + begin;
         int64_t r = 0;
-        for (; r + TR <= rows; r += TR) panel_tiles_4(panel + r * cols, cols, xt, cols, yt + r, ldy, T);
-        for (; r < rows; r++) panel_tiles_1(panel + r * cols, cols, xt, cols, yt + r, ldy, T);
+        for (; r + TR <= rows; r += TR) panel_tiles_4(panel + r * ldw, ldw, cols, xt, cols, yt + r, ldy, T);
+        for (; r < rows; r++) panel_tiles_1(panel + r * ldw, ldw, cols, xt, cols, yt + r, ldy, T);
     }
 }
 
@@ -1059,6 +1086,12 @@ static float *panel_of(int64_t floats) {
     return panel_buffer;
 }
 
+/* Rows a panel holds at `cols` columns (a multiple of TR). */
+int64_t axon_ggml_panel_rows(int64_t cols) {
+    const int64_t rows = panel_bytes() / (4 * (cols > 0 ? cols : 1)) / TR * TR;
+    return rows < TR ? TR : rows;
+}
+
 /* As axon_ggml_matmul_parts, for any number of tokens (meant for more than MAX_TOKENS): panels
  * are handed out to the threads one at a time, so a thread that loses its core to another
  * process holds up at most one panel. Returns -2 when a panel buffer cannot be allocated. */
@@ -1068,15 +1101,14 @@ int axon_ggml_matmul_panels(int parts, const int *types, const uint8_t *const *w
     for (int p = 0; p < parts; p++)
         if (!axon_ggml_supported(types[p]) || cols % block_size(types[p])) return -1;
     if (tokens <= 0) return tokens < 0 ? -1 : 0;
-    int64_t panel_rows_n = PANEL_BYTES / (4 * cols) / TR * TR;
-    if (panel_rows_n < TR) panel_rows_n = TR;
+    const int64_t panel_rows_n = axon_ggml_panel_rows(cols);
     int64_t panels = 0;
     for (int p = 0; p < parts; p++) panels += (rows[p] + panel_rows_n - 1) / panel_rows_n;
     int failed = 0;
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
     {
-        float *panel_buf = panel_of(panel_rows_n * cols);
+        float *panel_buf = panel_of(panel_rows_n * panel_stride(cols));
         failed = !panel_buf;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < panels; i++) {

@@ -47,11 +47,17 @@ def _library() -> ctypes.CDLL | None:
     lib.axon_ggml_matmul_panels.argtypes = lib.axon_ggml_matmul_parts.argtypes
     lib.axon_ggml_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
     lib.axon_ggml_supported.argtypes = [ctypes.c_int]
+    lib.axon_ggml_panel_rows.argtypes, lib.axon_ggml_panel_rows.restype = [i64], i64
     return lib
 
 
 def available() -> bool:
     return _library() is not None
+
+
+def panel_rows(cols: int) -> int:
+    """Rows the long-batch kernel dequantizes per panel at `cols` columns (sized from the L2)."""
+    return int(_library().axon_ggml_panel_rows(cols))
 
 
 def supports(ggml_type: int) -> bool:
