@@ -38,6 +38,7 @@ from axon.engine.faults import InjectedDeviceFault, is_device_fault
 from axon.loader import progress
 from axon.loader.weights import parameter_bytes
 from axon.outputs import TokenUpdate
+from axon.runner.heap import release_freed_heap
 from axon.runner.threads import log_thread_policy
 
 logger = logging.getLogger(__name__)
@@ -160,14 +161,22 @@ class EngineLoop:
         # Structured-output requests waiting for the grammar backend's first build, which can
         # take seconds (a 262k vocabulary): the loop keeps stepping everything else meanwhile.
         self.parked: list[tuple] = []
+        # Stepped since the heap was last trimmed: the CPU runner keeps a step's freed
+        # activations in the heap while serving (runner/heap.py) and hands them back once the
+        # engine has had nothing to do for a whole heartbeat.
+        self.heap_in_use = False
 
     def run(self) -> None:
         while self.running:
             idle = self.poisoned is not None or not self.core.has_unfinished()
-            self._drain_commands(self.heartbeat_s if idle else 0)
+            handled = self._drain_commands(self.heartbeat_s if idle else 0)
+            if idle and not handled and self.heap_in_use:
+                self.heap_in_use = False
+                release_freed_heap()
             self._unpark()
             if self.running and self.poisoned is None and self.core.has_unfinished():
                 self._step()
+                self.heap_in_use = True
             if time.monotonic() - self.last_sent >= self.heartbeat_s:
                 self._send(("heartbeat",))
 
@@ -190,15 +199,19 @@ class EngineLoop:
             self.running = False
         self.last_sent = time.monotonic()
 
-    def _drain_commands(self, timeout: float) -> None:
+    def _drain_commands(self, timeout: float) -> int:
+        """Handles the commands waiting (the first waited for up to `timeout`); returns how many."""
+        handled = 0
         while self.running and self.conn.poll(timeout):
             try:
                 message = self.conn.recv()
             except (EOFError, OSError):  # the HTTP process is gone
                 self.running = False
-                return
+                return handled
             self._handle(message)
+            handled += 1
             timeout = 0
+        return handled
 
     def _step(self) -> None:
         try:
