@@ -210,3 +210,38 @@ def test_switching_counts_mid_generation_changes_no_token(tiny_model_root, monke
     assert {1, 2} <= set(seen)
     assert adaptive.token_ids == fixed.token_ids
     assert adaptive.logprobs == fixed.logprobs
+
+
+def test_a_pending_probe_does_not_land_on_a_step_of_another_shape():
+    """The probe waits for a step of the shape it compares: a prefill arriving between decode
+    steps runs the chosen count (it ran one thread fewer, 1.7x slower, before)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        tuner = AdaptiveThreads((2, 1), samples=3)
+        with tuner.step(shape=1):  # the baseline step: the probe is now pending
+            pass
+        assert tuner.chooser.probing
+        with tuner.step(shape=7):  # another small shape: the chosen count, the probe dropped
+            assert torch.get_num_threads() == 2
+        assert tuner.chooser.shape == 7 and len(tuner.chooser.baseline) == 1  # compared afresh
+        assert tuner.chooser.trial == []
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_prefill_steps_run_the_chosen_count_untimed():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        tuner = AdaptiveThreads((2, 1), samples=3)
+        with tuner.step(shape=1):
+            pass
+        for _ in range(3):  # the same prefill shape again and again: never probed, never timed
+            with tuner.step(shape=512):
+                assert torch.get_num_threads() == 2
+        assert tuner.chooser.probing and tuner.chooser.shape == 1  # still waiting for a decode step
+        with tuner.step(shape=1):  # where the probe runs
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
