@@ -204,6 +204,40 @@ def avx2_library(tmp_path_factory):
     return lib
 
 
+@pytest.fixture(scope="module")
+def portable_library(tmp_path_factory):
+    """ggml_cpu.c built for the baseline ISA: its plain C loops (no AVX2)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    target = tmp_path_factory.mktemp("portable") / "ggml_cpu.so"
+    flags = ["-O2", "-fopenmp", "-fPIC", "-shared"]
+    subprocess.run([compiler, *flags, str(build.SOURCES[0]), "-o", str(target), "-lm"], check=True)
+    return ctypes.CDLL(str(target))
+
+
+@pytest.mark.parametrize("variant", ["avx2_library", "portable_library"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda t: t.name)
+def test_long_batches_of_the_other_builds_match_the_reference(qtype, variant, request):
+    """The long-batch kernel's other builds (AVX2: 8-row groups and their gather; portable: the
+    plain transpose and tile): rows off the groups, a remainder of tokens, and the output's
+    columns past the rows left as they were."""
+    lib = request.getfixturevalue(variant)
+    lib.axon_ggml_matmul_panels.argtypes = ggml_cpu._library().axon_ggml_matmul_panels.argtypes
+    rows, tokens = 139, 67
+    raw = _long_rows(qtype, rows)
+    x = torch.randn(tokens, COLS, generator=torch.Generator().manual_seed(4))
+    got = torch.full((tokens, rows + 3), 7.0)
+    types, ptrs = (ctypes.c_int * 1)(int(qtype)), (ctypes.c_void_p * 1)(raw.data_ptr())
+    counts = (ctypes.c_int64 * 1)(rows)
+    status = lib.axon_ggml_matmul_panels(
+        1, types, ptrs, counts, COLS, x.data_ptr(), tokens, got.data_ptr(), rows + 3, 2
+    )
+    want = torch.nn.functional.linear(x, dequantize_rows_ref(raw, qtype, COLS))
+    assert status == 0 and _close(got[:, :rows], want), qtype.name
+    assert (got[:, rows:] == 7.0).all()
+
+
 @pytest.mark.skipif(not _has_avx512_vnni(), reason="no AVX-512 BW + VNNI on this CPU")
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
 def test_k_quant_batch_one_avx512_equals_avx2_bit_for_bit(qtype, avx2_library):

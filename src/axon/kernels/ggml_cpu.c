@@ -1153,8 +1153,8 @@ int axon_ggml_matmul_panels(int parts, const int *types, const uint8_t *const *w
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
     {
-        /* the panel's groups of VL rows, then VL rows of scratch */
-        float *panel_buf = panel_of(((panel_rows_n + VL - 1) / VL * VL + VL) * cols);
+        /* the panel (panel_rows_n, whole groups of VL rows), then VL rows of scratch */
+        float *panel_buf = panel_of((panel_rows_n + VL) * cols);
         failed = !panel_buf;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < panels; i++) {
@@ -1168,7 +1168,7 @@ int axon_ggml_matmul_panels(int parts, const int *types, const uint8_t *const *w
             const int64_t end = begin + panel_rows_n < rows[p] ? begin + panel_rows_n : rows[p];
             if (panel_buf)
                 panel_rows(types[p], ws[p], cols, begin, end, x, tokens, y + column, ldy, panel_buf,
-                           panel_buf + (panel_rows_n + VL - 1) / VL * VL * cols);
+                           panel_buf + panel_rows_n * cols);
         }
     }
     return failed ? -2 : 0;
