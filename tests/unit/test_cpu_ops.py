@@ -1,9 +1,16 @@
 """The fused CPU kernels (kernels/cpu_ops.c) against their pure-PyTorch reference twins:
-RMSNorm in both conventions, rotary in place on strided views (full and partial), and paged
-decode attention read in place from the cache (GQA, sliding window, softcap, padded slots,
-the shapes and thread splits of its units)."""
+RMSNorm in both conventions, rotary in place on strided views (full and partial), paged decode
+attention read in place from the cache (GQA, sliding window, softcap, padded slots, the shapes
+and thread splits of its units) and paged prefill attention (several chunks, prefix hits, the
+causal triangle and the window, GQA groups on and off the kernel's rows)."""
 
 from __future__ import annotations
+
+import ctypes
+import platform
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,6 +128,117 @@ def test_paged_decode_attention_shapes_and_threads(
     finally:
         torch.set_num_threads(threads)
     _close(got, _reference(*case, head_dim**-0.5))
+
+
+def _prefill_case(heads, kv_heads, head_dim, chunks, seed=0):
+    """chunks: (query_len, context_len) each; a flat batch with two decode rows between the
+    chunks (their output rows must stay untouched), keys at scattered cache slots."""
+    gen = torch.Generator().manual_seed(seed)
+    slots = sum(c for _, c in chunks) + 7
+    k_cache = torch.randn(slots, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(slots, kv_heads, head_dim, generator=gen)
+    perm = torch.randperm(slots, generator=gen)
+    rows, key_slots, start, used = [], [], 0, 0
+    for query_len, context_len in chunks:
+        rows.append((start, query_len, context_len, used))
+        key_slots.append(perm[used : used + context_len])
+        start, used = start + query_len + 2, used + context_len
+    # q rows of a fused projection: token rows strided, heads contiguous
+    qkv = torch.randn(start, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    q = qkv[:, : heads * head_dim].view(start, heads, head_dim)
+    return q, k_cache, v_cache, torch.tensor(rows), key_slots
+
+
+def _prefill_reference(q, k_cache, v_cache, rows, key_slots, scale, softcap, window, out):
+    kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+    group = q.shape[1] // kv_heads
+    for (start, query_len, context_len, _), slots in zip(rows.tolist(), key_slots):
+        q_pos = torch.arange(query_len) + context_len - query_len
+        k_pos = torch.arange(context_len)
+        mask = k_pos[None, :] <= q_pos[:, None]
+        if window is not None:
+            mask &= q_pos[:, None] - k_pos[None, :] < window
+        qg = q[start : start + query_len].view(query_len, kv_heads, group, head_dim)
+        qg = qg.permute(1, 2, 0, 3)  # [Hkv, G, Q, D]
+        k = k_cache[slots].transpose(0, 1)[:, None]  # [Hkv, 1, C, D]
+        v = v_cache[slots].transpose(0, 1)[:, None]
+        o = attend_ref(qg, k, v, mask[None, None], scale, softcap)  # [Hkv, G, Q, D]
+        out[start : start + query_len] = o.permute(2, 0, 1, 3).reshape(query_len, -1, head_dim)
+    return out
+
+
+# (heads, kv_heads, head_dim, chunks of (query_len, context_len)): Qwen3's 16 / 8 x 64 on a
+# 300-token prompt; gemma-3's 4 / 1 x 256 with a prefix hit (context beyond the queries); groups
+# of 6 (rows not a multiple of the lanes) and 40 (more heads than a unit's rows), plain
+# multi-head, head_dims off the vector width; one-token and tiny chunks.
+PREFILL_SHAPES = [
+    (16, 8, 64, [(300, 300)]),
+    (4, 1, 256, [(77, 200), (5, 5)]),
+    (12, 2, 40, [(33, 33), (1, 90), (130, 131)]),
+    (40, 1, 16, [(9, 20)]),
+    (4, 4, 36, [(70, 70), (3, 3)]),
+]
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (50, None), (20, 30.0), (1, None)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,chunks", PREFILL_SHAPES)
+def test_paged_prefill_attention_matches_reference(
+    heads, kv_heads, head_dim, chunks, window, softcap
+):
+    q, k_cache, v_cache, rows, key_slots = _prefill_case(heads, kv_heads, head_dim, chunks)
+    sentinel = torch.full(q.shape, 7.0)
+    want = _prefill_reference(
+        q, k_cache, v_cache, rows, key_slots, head_dim**-0.5, softcap, window, sentinel.clone()
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))  # the parallel path, even on one core
+    try:
+        got = cpu_ops.paged_prefill_attention(
+            q, k_cache, v_cache, rows, torch.cat(key_slots), head_dim**-0.5, softcap, window,
+            sentinel.clone(),
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    _close(got, want)  # the decode rows between the chunks still hold the sentinel
+
+
+@pytest.fixture(scope="module", params=["avx2", "portable"])
+def other_build(request, tmp_path_factory):
+    """cpu_ops.c (which stands alone) built without AVX-512 (eight-lane vectors, the smaller
+    tiles) and for the baseline ISA."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    flags = ["-O2", "-fopenmp", "-fPIC", "-shared"]
+    if request.param == "avx2":
+        if platform.machine() not in ("x86_64", "AMD64"):
+            pytest.skip("not an x86 CPU")
+        flags += ["-march=native", "-mno-avx512f"]
+    target = tmp_path_factory.mktemp(request.param) / "cpu_ops.so"
+    source = Path(cpu_ops.__file__).with_name("cpu_ops.c")
+    subprocess.run([compiler, *flags, str(source), "-o", str(target), "-lm"], check=True)
+    lib = ctypes.CDLL(str(target))
+    function = cpu_ops._library().axon_paged_prefill_attention
+    lib.axon_paged_prefill_attention.argtypes = function.argtypes
+    return lib
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,chunks", PREFILL_SHAPES[:3])
+def test_paged_prefill_attention_of_the_other_builds(
+    other_build, heads, kv_heads, head_dim, chunks
+):
+    q, k_cache, v_cache, rows, key_slots = _prefill_case(heads, kv_heads, head_dim, chunks, 1)
+    scale, window = head_dim**-0.5, 40
+    want = _prefill_reference(
+        q, k_cache, v_cache, rows, key_slots, scale, None, window, torch.full(q.shape, 7.0)
+    )
+    got, slots = torch.full(q.shape, 7.0), torch.cat(key_slots)
+    other_build.axon_paged_prefill_attention(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+        rows.data_ptr(), rows.shape[0], heads, kv_heads, head_dim, scale, 0.0, window,
+        got.data_ptr(), 2,
+    )  # fmt: skip
+    _close(got, want)
 
 
 @pytest.mark.parametrize("inter", [8, 100, 2048])

@@ -8,10 +8,15 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+/* Elementwise work (floats) from which a prefill-sized call runs on torch's threads: the
+ * threads otherwise spin idle while one does it. */
+#define PARALLEL_FLOATS (1 << 16)
 
 static float dot(const float *a, const float *b, int64_t n) {
     float lanes[8] = {0};
@@ -28,6 +33,7 @@ static float dot(const float *a, const float *b, int64_t n) {
  * strided (ldx, ldo floats apart), each row's `dim` values contiguous. */
 void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo,
                    int64_t rows, int64_t dim, float eps, int unit_offset) {
+#pragma omp parallel for schedule(static) if (rows * dim >= PARALLEL_FLOATS)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * ldx;
         float *o = out + r * ldo;
@@ -83,27 +89,30 @@ static inline f32x8 load8(const float *p) {
 
 static inline void store8(float *p, f32x8 v) { memcpy(p, &v, sizeof v); }
 
-/* exp(x) in float32 to about 1 ulp, eight lanes at a time in plain vector arithmetic (libm's
- * expf is a call per element): 2^n * exp(r) with r = x - n ln2 (ln2 in two parts), exp(r) by
- * Cephes' expf polynomial, 2^n built in the exponent bits. */
-static inline f32x8 exp8(f32x8 x) {
-    const f32x8 lo = (f32x8){0} - 87.0f, hi = (f32x8){0} + 88.0f;
-    x = select8(x < lo, lo, x);
-    x = select8(x > hi, hi, x);
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const f32x8 n = (x * 1.44269504088896341f + shifter) - shifter;
-    f32x8 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    f32x8 p = (f32x8){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const i32x8 bits = (__builtin_convertvector(n, i32x8) + 127) << 23;
-    return p * (f32x8)bits;
-}
+/* exp(x) in float32 to about 1 ulp, a vector at a time in plain vector arithmetic (libm's expf
+ * is a call per element): 2^n * exp(r) with r = x - n ln2 (ln2 in two parts), exp(r) by Cephes'
+ * expf polynomial, 2^n built in the exponent bits. Defined for each vector width used here. */
+#define DEFINE_EXP(NAME, V, IV)                                                                   \
+    static inline V NAME(V x) {                                                                \
+        const V lo = (V){0} - 87.0f, hi = (V){0} + 88.0f;                                      \
+        x = (V)(((IV)lo & (IV)(x < lo)) | ((IV)x & ~(IV)(x < lo)));                            \
+        x = (V)(((IV)hi & (IV)(x > hi)) | ((IV)x & ~(IV)(x > hi)));                            \
+        const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */    \
+        const V n = (x * 1.44269504088896341f + shifter) - shifter;                            \
+        V r = x - n * 0.693359375f;                                                            \
+        r = r - n * -2.12194440e-4f;                                                           \
+        V p = (V){0} + 1.9875691500e-4f;                                                       \
+        p = p * r + 1.3981999507e-3f;                                                          \
+        p = p * r + 8.3334519073e-3f;                                                          \
+        p = p * r + 4.1665795894e-2f;                                                          \
+        p = p * r + 1.6666665459e-1f;                                                          \
+        p = p * r + 5.0000001201e-1f;                                                          \
+        p = p * (r * r) + r + 1.0f;                                                            \
+        const IV bits = (__builtin_convertvector(n, IV) + 127) << 23;                          \
+        return p * (V)bits;                                                                    \
+    }
+
+DEFINE_EXP(exp8, f32x8, i32x8)
 
 /* Lane i of the result = the sum of a[i]'s eight lanes: a transpose folded into the adds. */
 static inline f32x8 lane_sums8(const f32x8 a[8]) {
@@ -329,6 +338,239 @@ void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cac
     }
 }
 
+/* ---- paged prefill attention -------------------------------------------------------------- */
+
+/* A prefill chunk's queries against its keys, read in place from the cache. The query rows of a
+ * unit of work, (token, query head) pairs of one KV head, sit in the lanes of two vectors: the
+ * scores of a key block are a key-major [keys, rows] tile (each key row's channels broadcast
+ * against the transposed queries, so no reduction across lanes), the softmax runs down the
+ * rows' lanes online across key blocks (flash attention's running maximum and sum), and the
+ * weighted sum of value rows is a [rows, channels] tile (each weight broadcast against a value
+ * row). Only the keys a unit's rows can see are read: the causal triangle, not the square. */
+#ifdef __AVX512F__
+#define PVL 16
+#define SCORE_KEYS 8 /* a score tile: SCORE_KEYS keys x the two row vectors */
+#define VALUE_ROWS 8 /* a value tile: VALUE_ROWS rows x two vectors of channels */
+#else
+#define PVL 8
+#define SCORE_KEYS 4
+#define VALUE_ROWS 4
+#endif
+#define QROWS (2 * PVL) /* query rows (token, head) a unit */
+#define KEYS 64         /* keys a block */
+
+typedef float fv __attribute__((vector_size(4 * PVL)));
+typedef int32_t iv __attribute__((vector_size(4 * PVL)));
+
+DEFINE_EXP(expv, fv, iv)
+
+static inline fv loadv(const float *p) {
+    fv v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void storev(float *p, fv v) { memcpy(p, &v, sizeof v); }
+
+static inline fv selectv(iv mask, fv a, fv b) { return (fv)(((iv)a & mask) | ((iv)b & ~mask)); }
+
+/* One unit: `rows` (token, head) query rows of KV head `kv`; row r is token t0 + r / heads_in,
+ * query head h0 + r % heads_in. Each thread's scratch: qt [D, QROWS], s [KEYS, QROWS],
+ * o [QROWS, D]. */
+typedef struct {
+    const float *q, *k, *v; /* q at the unit's first (token, head); k / v + kv * D */
+    const int64_t *slots;   /* the chunk's key slots, position order */
+    int64_t ldq, row, D, rows, heads_in;
+    int64_t first_pos;      /* the position of the unit's first token */
+} PrefillUnit;
+
+/* s[j, :] = the scores of keys j0 + j (j < SCORE_KEYS) against all rows. */
+static inline __attribute__((always_inline)) void
+score_tile(float *s, const float *qt, const float *const *keys, int64_t D) {
+    fv acc[SCORE_KEYS][2];
+    for (int j = 0; j < SCORE_KEYS; j++) acc[j][0] = acc[j][1] = (fv){0};
+    for (int64_t d = 0; d < D; d++) {
+        const fv q0 = loadv(qt + d * QROWS), q1 = loadv(qt + d * QROWS + PVL);
+        for (int j = 0; j < SCORE_KEYS; j++) {
+            const float kd = keys[j][d];
+            acc[j][0] += kd * q0;
+            acc[j][1] += kd * q1;
+        }
+    }
+    for (int j = 0; j < SCORE_KEYS; j++) {
+        storev(s + j * QROWS, acc[j][0]);
+        storev(s + j * QROWS + PVL, acc[j][1]);
+    }
+}
+
+/* o[r, i0 : i0 + W PVL] += sum over j < n of s[j, r] * values[j][i0 : ...], rows r0 .. r0 + R. */
+static inline __attribute__((always_inline)) void
+value_tile(const int R, const int W, float *o, int64_t D, const float *s,
+           const float *const *values, int n, int64_t r0, int64_t i0) {
+    fv acc[VALUE_ROWS][2];
+    for (int r = 0; r < R; r++)
+        for (int w = 0; w < W; w++) acc[r][w] = loadv(o + (r0 + r) * D + i0 + w * PVL);
+    for (int j = 0; j < n; j++) {
+        fv x[2];
+        for (int w = 0; w < W; w++) x[w] = loadv(values[j] + i0 + w * PVL);
+        for (int r = 0; r < R; r++) {
+            const float p = s[j * QROWS + r0 + r];
+            for (int w = 0; w < W; w++) acc[r][w] += p * x[w];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int w = 0; w < W; w++) storev(o + (r0 + r) * D + i0 + w * PVL, acc[r][w]);
+}
+
+static void value_block(float *o, int64_t D, int64_t rows, const float *s,
+                        const float *const *values, int n) {
+    int64_t i = 0;
+    for (; i + 2 * PVL <= D; i += 2 * PVL) {
+        int64_t r = 0;
+        for (; r + VALUE_ROWS <= rows; r += VALUE_ROWS)
+            value_tile(VALUE_ROWS, 2, o, D, s, values, n, r, i);
+        for (; r < rows; r++) value_tile(1, 2, o, D, s, values, n, r, i);
+    }
+    for (; i + PVL <= D; i += PVL)
+        for (int64_t r = 0; r < rows; r++) value_tile(1, 1, o, D, s, values, n, r, i);
+    for (; i < D; i++)
+        for (int64_t r = 0; r < rows; r++)
+            for (int j = 0; j < n; j++) o[r * D + i] += s[j * QROWS + r] * values[j][i];
+}
+
+static void prefill_unit(const PrefillUnit *u, float scale, float softcap, int64_t window,
+                         float *out, int64_t ldo, float *scratch) {
+    const int64_t D = u->D, rows = u->rows, heads_in = u->heads_in;
+    float *qt = scratch, *s = qt + D * QROWS, *o = s + KEYS * QROWS;
+    /* the rows' positions and first visible keys, in lanes; padding lanes copy row 0 */
+    fv pos[2], lo[2], m[2], l[2];
+    for (int w = 0; w < 2; w++) {
+        for (int lane = 0; lane < PVL; lane++) {
+            const int64_t r = w * PVL + lane < rows ? w * PVL + lane : 0;
+            const int64_t p = u->first_pos + r / heads_in;
+            pos[w][lane] = (float)p;
+            lo[w][lane] = window > 0 && p >= window ? (float)(p - window + 1) : 0.0f;
+        }
+        m[w] = (fv){0} - INFINITY;
+        l[w] = (fv){0};
+    }
+    for (int64_t r = 0; r < QROWS; r++) {
+        const float *qr = u->q + (r / heads_in) * u->ldq + (r % heads_in) * D;
+        for (int64_t d = 0; d < D; d++) qt[d * QROWS + r] = r < rows ? qr[d] * scale : 0.0f;
+    }
+    memset(o, 0, rows * D * sizeof(float));
+    const int64_t last_pos = u->first_pos + (rows - 1) / heads_in;
+    const int64_t first_lo = window > 0 && u->first_pos >= window ? u->first_pos - window + 1 : 0;
+    const int64_t last_lo = window > 0 && last_pos >= window ? last_pos - window + 1 : 0;
+    for (int64_t j0 = first_lo; j0 <= last_pos; j0 += KEYS) {
+        const int n = last_pos + 1 - j0 < KEYS ? (int)(last_pos + 1 - j0) : KEYS;
+        const float *keys[KEYS], *values[KEYS];
+        for (int j = 0; j < KEYS; j++) {
+            const int64_t slot = u->slots[j0 + (j < n ? j : 0)];
+            keys[j] = u->k + slot * u->row;
+            values[j] = u->v + slot * u->row;
+        }
+        for (int j = 0; j < n; j += SCORE_KEYS) score_tile(s + j * QROWS, qt, keys + j, D);
+        if (softcap > 0.0f)
+            for (int64_t i = 0; i < n * QROWS; i++) s[i] = tanhf(s[i] / softcap) * softcap;
+        const int masked = j0 + n - 1 > u->first_pos || j0 < last_lo;
+        fv top[2] = {m[0], m[1]};
+        for (int j = 0; j < n; j++)
+            for (int w = 0; w < 2; w++) {
+                fv x = loadv(s + j * QROWS + w * PVL);
+                if (masked) {
+                    const fv key = (fv){0} + (float)(j0 + j);
+                    x = selectv((iv)(key > pos[w]) | (iv)(key < lo[w]), (fv){0} - INFINITY, x);
+                    storev(s + j * QROWS + w * PVL, x);
+                }
+                top[w] = selectv((iv)(x > top[w]), x, top[w]);
+            }
+        fv shift[2], rescale[2];
+        for (int w = 0; w < 2; w++) { /* a row that has seen no key yet keeps 0 (no NaN) */
+            const iv none = (iv)(top[w] == (fv){0} - INFINITY);
+            shift[w] = selectv(none, (fv){0}, top[w]);
+            rescale[w] = selectv((iv)(m[w] == (fv){0} - INFINITY), (fv){0},
+                                 expv(m[w] - shift[w]));
+            l[w] *= rescale[w];
+            m[w] = top[w];
+        }
+        for (int j = 0; j < n; j++)
+            for (int w = 0; w < 2; w++) {
+                const fv x = loadv(s + j * QROWS + w * PVL);
+                fv e = expv(x - shift[w]);
+                if (masked) e = selectv((iv)(x == (fv){0} - INFINITY), (fv){0}, e);
+                storev(s + j * QROWS + w * PVL, e);
+                l[w] += e;
+            }
+        if (j0 > first_lo)
+            for (int64_t r = 0; r < rows; r++) {
+                const float c = rescale[r / PVL][r % PVL];
+                if (c != 1.0f)
+                    for (int64_t i = 0; i < D; i++) o[r * D + i] *= c;
+            }
+        value_block(o, D, rows, s, values, n);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const float norm = 1.0f / l[r / PVL][r % PVL];
+        float *dst = out + (r / heads_in) * ldo + (r % heads_in) * D;
+        for (int64_t i = 0; i < D; i++) dst[i] = o[r * D + i] * norm;
+    }
+}
+
+/* Prefill attention for every chunk of a step, each query over the keys it may see, read in
+ * place from the paged cache (the step's keys already written).
+ *   q        [tokens, heads, head_dim], token rows ldq floats apart; query head h reads KV head
+ *            h / (heads / kv_heads)
+ *   k/v      [slots, kv_heads, head_dim] caches
+ *   chunks   [n_chunks, 4]: query_start, query_len, context_len, offset of its key slots in
+ *            `slots` (context_len of them, position order); query i is at position
+ *            context_len - query_len + i and sees keys up to it (the last `window` of them when
+ *            window > 0)
+ *   softcap  > 0: scores = tanh(scores / softcap) * softcap
+ *   out      [tokens, heads, head_dim]: the chunks' rows written, others untouched
+ * A unit of work is one KV head's query rows for a block of tokens; the longest (latest tokens)
+ * are handed out first. */
+void axon_paged_prefill_attention(const float *q, int64_t ldq, const float *k_cache,
+                                  const float *v_cache, const int64_t *slots,
+                                  const int64_t *chunks, int64_t n_chunks, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim, float scale, float softcap,
+                                  int64_t window, float *out, int threads) {
+    const int64_t D = head_dim, group = heads / kv_heads;
+    const int64_t heads_in = group < QROWS ? group : QROWS;
+    const int64_t parts = (group + heads_in - 1) / heads_in, tokens_in = QROWS / heads_in;
+    int64_t units = 0;
+    for (int64_t c = 0; c < n_chunks; c++)
+        units += (chunks[4 * c + 1] + tokens_in - 1) / tokens_in * kv_heads * parts;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        float *scratch = malloc((2 * D + KEYS) * QROWS * sizeof(float));
+#pragma omp for schedule(dynamic)
+        for (int64_t unit = 0; unit < units; unit++) {
+            int64_t c = 0, first = 0, blocks = 0;
+            for (;; c++) { /* the chunk holding this unit */
+                blocks = (chunks[4 * c + 1] + tokens_in - 1) / tokens_in;
+                if (unit < first + blocks * kv_heads * parts) break;
+                first += blocks * kv_heads * parts;
+            }
+            const int64_t *chunk = chunks + 4 * c, i = unit - first;
+            const int64_t block = blocks - 1 - i / (kv_heads * parts);
+            const int64_t kv = i / parts % kv_heads, part = i % parts;
+            const int64_t t0 = block * tokens_in;
+            const int64_t ntok = chunk[1] - t0 < tokens_in ? chunk[1] - t0 : tokens_in;
+            const int64_t h_in = group - part * heads_in < heads_in ? group - part * heads_in
+                                                                   : heads_in;
+            const int64_t h0 = kv * group + part * heads_in;
+            const int64_t tok = chunk[0] + t0;
+            PrefillUnit u = {q + tok * ldq + h0 * D, k_cache + kv * D, v_cache + kv * D,
+                             slots + chunk[3], ldq, kv_heads * D, D, ntok * h_in, h_in,
+                             chunk[2] - chunk[1] + t0};
+            prefill_unit(&u, scale, softcap, window, out + (tok * heads + h0) * D, heads * D,
+                         scratch);
+        }
+        free(scratch);
+    }
+}
+
 /* ---- gated activations -------------------------------------------------------------------- */
 
 /* act(gate) * up for eight lanes: silu (kind 0), or gelu with the tanh approximation written as
@@ -342,6 +584,7 @@ static inline f32x8 act_mul8(f32x8 g, f32x8 up, int kind) {
 /* out [T, I] = act(x[:, :I]) * x[:, I:] for x [T, 2I] (rows ldx apart). */
 void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
                       int kind) {
+#pragma omp parallel for schedule(static) if (tokens * inter >= PARALLEL_FLOATS)
     for (int64_t t = 0; t < tokens; t++) {
         const float *gate = x + t * ldx, *up = gate + inter;
         float *o = out + t * inter;

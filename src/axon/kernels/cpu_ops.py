@@ -1,6 +1,7 @@
 """Fused float32 CPU operations (cpu_ops.c, through ctypes): RMSNorm, rotary, gated
-activations, the KV cache write and paged decode attention. Each replaces a
-sequence of small torch ops whose dispatch costs far more than its arithmetic at decode sizes;
+activations, the KV cache write and paged attention. Each replaces a sequence of small torch ops
+whose dispatch costs far more than its arithmetic at decode sizes (prefill attention: a mask,
+copies and SDPA over the whole square where the causal triangle is all that is needed);
 each has a pure-PyTorch reference twin in `axon.layers` that runs on other devices and dtypes,
 and that the tests compare against.
 
@@ -35,6 +36,10 @@ def _library() -> ctypes.CDLL | None:
         *(ptr, i64, ptr, ptr, ptr, i64, ptr),
         *(i64, i64, i64, i64, f32, f32, i64),
         *(ptr, ptr, i32),
+    ]
+    lib.axon_paged_prefill_attention.argtypes = [
+        *(ptr, i64, ptr, ptr, ptr, ptr, i64),
+        *(i64, i64, i64, f32, f32, i64, ptr, i32),
     ]
     return lib
 
@@ -97,6 +102,32 @@ def paged_decode_attention(
         key_slots.data_ptr(), width,
         context_lens.data_ptr(), batch, heads, k_cache.shape[1], head_dim, scale,
         softcap or 0.0, window or 0, out.data_ptr(), scratch.data_ptr(), threads,
+    )  # fmt: skip
+    return out
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k_cache: torch.Tensor,  # [slots, Hkv, D]
+    v_cache: torch.Tensor,
+    chunks: torch.Tensor,  # [N, 4] int64: query_start, query_len, context_len, slots offset
+    slots: torch.Tensor,  # every chunk's key slots, concatenated
+    scale: float,
+    softcap: float | None,
+    window: int | None,
+    out: torch.Tensor,  # [T, H, D] contiguous: the chunks' rows written
+) -> torch.Tensor:
+    """Each prefill chunk's queries over the keys they may see (causal, sliding window), read in
+    place from the cache: the step's K / V must already be written."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    if q.stride(2) != 1 or q.stride(1) != head_dim:
+        q = q.contiguous()
+    work = int(chunks[:, 1].mul(chunks[:, 2]).sum()) * heads * head_dim
+    threads = torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
+    _library().axon_paged_prefill_attention(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+        chunks.data_ptr(), chunks.shape[0], heads, k_cache.shape[1], head_dim, scale,
+        softcap or 0.0, window or 0, out.data_ptr(), threads,
     )  # fmt: skip
     return out
 

@@ -84,10 +84,16 @@ class Attention(nn.Module):
             self.v_cache.index_copy_(0, meta.slot_mapping, v)
         if not meta.prefills:  # every row decodes: no gather of rows, no scatter back
             return self._decode(meta, q).reshape(q.shape[0], -1)
-        out = torch.empty_like(q)  # [T, H, D]
-        for index, chunk in enumerate(meta.prefills):
-            rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
-            out[rows] = self._prefill(meta, index, q[rows], k[rows], v[rows])
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D]
+        if cpu_ops.usable(q, self.k_cache):  # every chunk in one call, keys read in place
+            cpu_ops.paged_prefill_attention(
+                q, self.k_cache, self.v_cache, *meta.prefill_layout(), self.scale,
+                self.logit_softcap, self.sliding_window, out,
+            )  # fmt: skip
+        else:
+            for index, chunk in enumerate(meta.prefills):
+                rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+                out[rows] = self._prefill(meta, index, q[rows], k[rows], v[rows])
         if meta.decode_token_index is not None:
             out[meta.decode_token_index] = self._decode(meta, q[meta.decode_token_index])
         return out.view(q.shape[0], -1)

@@ -49,6 +49,19 @@ class AttentionMetadata:
             self._masks[key] = mask
         return self._masks[key]
 
+    def prefill_layout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefill chunks as the C prefill-attention kernel reads them, built once a step:
+        [N, 4] int64 (query_start, query_len, context_len, offset of the chunk's key slots)
+        and every chunk's key slots, concatenated."""
+        if "layout" not in self._masks:
+            rows, offset = [], 0
+            for chunk in self.prefills:
+                rows.append((chunk.query_start, chunk.query_len, chunk.context_len, offset))
+                offset += chunk.context_len
+            slots = torch.cat([chunk.key_slots.view(-1) for chunk in self.prefills]).long()
+            self._masks["layout"] = (torch.tensor(rows, dtype=torch.long), slots.contiguous())
+        return self._masks["layout"]
+
     def decode_mask(self, window: int | None) -> torch.Tensor:
         """[Bd, C] bool: which padded key slots each decode query may see."""
         key = ("decode", window)
