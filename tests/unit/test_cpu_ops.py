@@ -45,15 +45,17 @@ def test_rms_norm_reads_strided_rows():
     _close(cpu_ops.rms_norm(x, weight, 1e-5, False), rms_norm_ref(x, weight, 1e-5, False))
 
 
+# 7 tokens: the kernel's own cos / sin (decode sizes); 300: a prefill's, from torch's tables.
+@pytest.mark.parametrize("tokens", [7, 300])
 @pytest.mark.parametrize("rotary_dim", [64, 16])
-def test_rotary_in_place_matches_reference_on_a_fused_projection(rotary_dim):
-    tokens, heads, kv_heads, head_dim = 7, 4, 2, 64
+def test_rotary_in_place_matches_reference_on_a_fused_projection(rotary_dim, tokens):
+    heads, kv_heads, head_dim = 4, 2, 64
     rope = RotaryEmbedding(head_dim, rotary_dim, 4096, {"rope_theta": 10000.0})
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim)
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)  # strided token rows
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     v_before = qkv[:, (heads + kv_heads) * head_dim :].clone()
-    positions = torch.tensor([0, 1, 5, 17, 300, 2047, 4000])
+    positions = torch.tensor([0, 1, 5, 17, 300, 2047, 4000] * (tokens // 7) + [9] * (tokens % 7))
     want_q, want_k = rope.forward_ref(positions, q.clone(), k.clone())
     got_q, got_k = rope(positions, q, k)
     assert got_q.data_ptr() == q.data_ptr()  # rotated in place

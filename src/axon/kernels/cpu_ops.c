@@ -46,9 +46,22 @@ void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int6
     }
 }
 
-/* Rotary embedding (neox / rotate-half layout) in place on the first `rotary_dim` channels of
- * every head: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, angle = position * inv_freq[i].
- * Token t's heads start at x + t * ldx, head_dim floats apart. */
+/* Rotary embedding (neox / rotate-half layout) in place on the first 2 * half channels of each
+ * of a token's heads (head_dim floats apart): x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin. */
+static void rotate_token(float *x, int64_t heads, int64_t head_dim, int64_t half,
+                         const float *cos_t, const float *sin_t) {
+    for (int64_t h = 0; h < heads; h++) {
+        float *v = x + h * head_dim;
+        for (int64_t i = 0; i < half; i++) {
+            const float x1 = v[i], x2 = v[i + half];
+            v[i] = x1 * cos_t[i] - x2 * sin_t[i];
+            v[i + half] = x2 * cos_t[i] + x1 * sin_t[i];
+        }
+    }
+}
+
+/* Rotary embedding on the first `rotary_dim` channels of every head, angle = position *
+ * inv_freq[i]. Token t's heads start at x + t * ldx, head_dim floats apart. */
 void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
                  int64_t rotary_dim, const int64_t *positions, const float *inv_freq) {
     const int64_t half = rotary_dim / 2;
@@ -60,15 +73,19 @@ void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t h
             cos_t[i] = cosf(angle);
             sin_t[i] = sinf(angle);
         }
-        for (int64_t h = 0; h < heads; h++) {
-            float *v = x + t * ldx + h * head_dim;
-            for (int64_t i = 0; i < half; i++) {
-                const float x1 = v[i], x2 = v[i + half];
-                v[i] = x1 * cos_t[i] - x2 * sin_t[i];
-                v[i + half] = x2 * cos_t[i] + x1 * sin_t[i];
-            }
-        }
+        rotate_token(x + t * ldx, heads, head_dim, half, cos_t, sin_t);
     }
+}
+
+/* As axon_rotary with each token's angles' cos and sin given ([tokens, rotary_dim / 2] each, so
+ * a prefill computes them once for q and k), split across threads at prefill sizes. */
+void axon_rotary_table(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
+                       int64_t rotary_dim, const float *cos_table, const float *sin_table) {
+    const int64_t half = rotary_dim / 2;
+#pragma omp parallel for schedule(static) if (tokens * heads * rotary_dim >= PARALLEL_FLOATS)
+    for (int64_t t = 0; t < tokens; t++)
+        rotate_token(x + t * ldx, heads, head_dim, half, cos_table + t * half,
+                     sin_table + t * half);
 }
 
 /* ---- eight-lane float vectors ------------------------------------------------------------- */

@@ -30,6 +30,7 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     lib.axon_rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32, i32]
     lib.axon_rotary.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
+    lib.axon_rotary_table.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
     lib.axon_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
     lib.axon_cache_write.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr]
     lib.axon_paged_decode_attention.argtypes = [
@@ -74,6 +75,19 @@ def rotary_(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, ro
     _library().axon_rotary(
         x.data_ptr(), x.stride(0), tokens, heads, head_dim, rotary_dim,
         positions.data_ptr(), inv_freq.data_ptr(),
+    )  # fmt: skip
+    return x
+
+
+def rotary_table_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int):
+    """As rotary_, each token's angles given as cos / sin [T, rotary_dim / 2] (float32)."""
+    tokens, heads, head_dim = x.shape
+    if x.stride(2) != 1 or x.stride(1) != head_dim:
+        raise ValueError("rotary_table_: each token's heads must be contiguous")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    _library().axon_rotary_table(
+        x.data_ptr(), x.stride(0), tokens, heads, head_dim, rotary_dim, cos.data_ptr(),
+        sin.data_ptr(),
     )  # fmt: skip
     return x
 

@@ -9,8 +9,8 @@ from torch import nn
 
 from axon.kernels import cpu_ops
 
-# Token counts up to which the fused CPU kernel rotates in place (decode steps); longer
-# prefills take torch's vectorized cos / sin.
+# Token counts up to which the fused CPU kernel computes its own cos / sin (decode steps); longer
+# prefills take torch's vectorized cos / sin, once for q and k, and rotate in place in C.
 FUSED_MAX_TOKENS = 64
 
 
@@ -66,11 +66,18 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """Rotated (q, k), each [T, H, D]; the fused CPU path rotates them in place."""
-        if q.shape[0] <= FUSED_MAX_TOKENS and cpu_ops.usable(q, k) and _heads_contiguous(q, k):
+        if not (cpu_ops.usable(q, k) and _heads_contiguous(q, k)):
+            return self.forward_ref(positions, q, k)
+        if q.shape[0] <= FUSED_MAX_TOKENS:
             cpu_ops.rotary_(q, positions, self.inv_freq, self.rotary_dim)
             cpu_ops.rotary_(k, positions, self.inv_freq, self.rotary_dim)
             return q, k
-        return self.forward_ref(positions, q, k)
+        # a prefill: the reference's cos / sin, computed once for q and k
+        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [T, rotary_dim / 2]
+        cos, sin = freqs.cos(), freqs.sin()
+        cpu_ops.rotary_table_(q, cos, sin, self.rotary_dim)
+        cpu_ops.rotary_table_(k, cos, sin, self.rotary_dim)
+        return q, k
 
     def forward_ref(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """The reference twin: new tensors, inputs unchanged."""
