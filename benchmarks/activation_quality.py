@@ -10,7 +10,8 @@ every one of its --window-len positions is scored (the distribution over the tok
 Each engine computes the logits of every position of a window in one step (a batched prefill):
 - exact: axon's default path (`LLM(model)`): the engine's own scheduler, runner and model
   forward (the real `ModelRunner.prepare` / `forward_logits`), asked for every row's logits;
-- int8: the same with `LLM(model, activation_precision="int8")`;
+- int8: the same with `LLM(model, activation_precision="int8")` (K / V kept in float16, its
+  default `kv_cache_dtype`), and int8-f32kv with a float32 KV cache;
 - llama.cpp: llama-cpp-python's C API, one llama_decode per window with every logit kept
   (benchmarks/activation_quality_llamacpp.py, run by the --llamacpp-venv python); its defaults
   (F16 KV cache, flash attention), or with `llamacpp-f32kv` an F32 cache and no flash attention.
@@ -48,6 +49,7 @@ CACHE = Path.home() / ".cache" / "axon-bench"
 TOPICS = ("execmodel", "import", "types", "truth")
 PAIRS = (
     ("exact", "int8"),
+    ("exact", "int8-f32kv"),
     ("exact", "llamacpp"),
     ("exact", "llamacpp-f32kv"),
     ("int8", "llamacpp"),
@@ -232,6 +234,7 @@ def pair_figures(pair: tuple[str, str], kls: list, agree: list) -> dict:
 LABELS = {
     "exact": "axon exact",
     "int8": "axon int8",
+    "int8-f32kv": "axon int8 F32 KV",
     "llamacpp": "llama.cpp",
     "llamacpp-f32kv": "llama.cpp F32 KV",
 }
@@ -273,13 +276,16 @@ def run_engines(args, model: Path, windows, out_dir: Path) -> tuple[dict, dict, 
     paths, seconds, unavailable = {}, {}, {}
     if "exact" in args.engines:
         paths["exact"], seconds["exact"] = axon_logits(model, windows, out_dir, "exact")
-    if "int8" in args.engines:
+    int8_engines = {"int8": {}, "int8-f32kv": {"kv_cache_dtype": "float32"}}
+    for name, extra in int8_engines.items():
+        if name not in args.engines:
+            continue
         try:
-            paths["int8"], seconds["int8"] = axon_logits(
-                model, windows, out_dir, "int8", activation_precision="int8"
+            paths[name], seconds[name] = axon_logits(
+                model, windows, out_dir, name, activation_precision="int8", **extra
             )
         except ValueError as exc:  # an axon without the option refuses the argument
-            unavailable["int8"] = str(exc).split("; known")[0]
+            unavailable[name] = str(exc).split("; known")[0]
     for name in ("llamacpp", "llamacpp-f32kv"):
         if name in args.engines:
             paths[name], seconds[name] = llamacpp_logits(
@@ -324,7 +330,8 @@ def main() -> None:
         "--engines",
         default="exact,int8,llamacpp",
         type=lambda s: s.split(","),
-        help="of exact, int8, llamacpp, llamacpp-f32kv (F32 KV cache, no flash attention)",
+        help="of exact, int8 (its default float16 KV cache), int8-f32kv, llamacpp, "
+        "llamacpp-f32kv (F32 KV cache, no flash attention)",
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's")
     parser.add_argument("--llamacpp-venv", type=Path, default=CACHE / "llamacpp-venv")

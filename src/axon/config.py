@@ -77,6 +77,10 @@ class EngineConfig:
     # activations to 8 bits per block (llama.cpp's Q8_K / Q8_0) and uses integer dot products;
     # "float32" (the default) is the exact path.
     activation_precision: str = "float32"
+    # The KV cache's element type. "auto": float16 with activation_precision="int8" (half the
+    # bytes a decode step reads, as llama.cpp's default cache), else the model's dtype; or one
+    # of float32, float16, bfloat16 (and their short names).
+    kv_cache_dtype: str = "auto"
     # CPU: switch between n and n - 1 OpenMP threads while running, keeping the faster (a core
     # busy with another process); off when OMP_NUM_THREADS is set (runner/adaptive_threads.py).
     adaptive_threads: bool = True
@@ -133,6 +137,11 @@ class EngineConfig:
             "activation_precision",
             f"int8 applies to GGUF weights only, and {self.model!r} is not a .gguf file",
         )
+        check(
+            self.kv_cache_dtype == "auto" or self.kv_cache_dtype in _DTYPES,
+            "kv_cache_dtype",
+            f"must be auto or one of {sorted(_DTYPES)}",
+        )
         check(self.max_images_per_prompt >= 0, "max_images_per_prompt", "must be >= 0")
         check(
             self.max_image_pixels is None or self.max_image_pixels >= 1,
@@ -172,6 +181,14 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def kv_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's dtype for a model running in `model_dtype`."""
+        import torch
+
+        if self.kv_cache_dtype != "auto":
+            return getattr(torch, _DTYPES[self.kv_cache_dtype])
+        return torch.float16 if self.activation_precision == "int8" else model_dtype
 
     def torch_dtype(self, hf_config) -> torch.dtype:
         import torch

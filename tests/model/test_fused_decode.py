@@ -7,6 +7,7 @@ kernels the unfused forward calls one at a time)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from gguf import GGMLQuantizationType as Q
 
 from axon import LLM, SamplingParams
@@ -68,3 +69,38 @@ def test_fused_layer_equals_the_layers_forward_on_gguf(arch, tmp_path, monkeypat
     fused, unfused, fused_calls = _run_both(llm, monkeypatch)
     assert fused_calls >= model.config.num_hidden_layers * (PARAMS.max_tokens - 1)
     _assert_identical(fused, unfused)
+
+
+def test_fused_layer_equals_the_layers_forward_with_a_float16_cache(tmp_path, monkeypatch):
+    """int8 activations keep K / V in float16 (kv_cache_dtype auto): the fused layer writes and
+    reads that cache through the same kernels as the layer's forward, to the bit."""
+    model = build_gguf_model("qwen3")
+    path, _ = write_gguf(model, "qwen3", Q.Q4_K, tmp_path / "qwen3.gguf")
+    llm = LLM(model=str(path), max_model_len=256, kv_cache_memory=1 << 24,
+              activation_precision="int8")  # fmt: skip
+    assert llm.engine.runner.kv_cache.dtype == torch.float16
+    fused, unfused, fused_calls = _run_both(llm, monkeypatch)
+    assert fused_calls >= model.config.num_hidden_layers * (PARAMS.max_tokens - 1)
+    _assert_identical(fused, unfused)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text"])
+def test_a_float16_cache_keeps_the_float32_caches_outputs(arch, tiny_model_root):
+    """kv_cache_dtype="float16" on the exact path: the cache holds half the bytes a token and
+    the next-token distribution moves by float16 rounding of K / V only."""
+    tiny = get_tiny_model(arch, tiny_model_root)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=5)
+    results = {}
+    for kv_dtype in ("float32", "float16"):
+        llm = LLM(**engine_kwargs(tiny), kv_cache_dtype=kv_dtype)
+        results[kv_dtype] = (llm.generate(prompts, params), llm.engine.runner)
+    (exact, runner32), (half, runner16) = results["float32"], results["float16"]
+    assert runner16.kv_cache.dtype == torch.float16 and runner32.kv_cache.dtype == torch.float32
+    assert 2 * runner16.plan.bytes_per_token == runner32.plan.bytes_per_token
+    for a, b in zip(exact, half, strict=True):
+        want, got = a.outputs[0].logprobs[0], b.outputs[0].logprobs[0]
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for token, logprob in want.items():
+            if token in got:
+                assert abs(got[token].logprob - logprob.logprob) < 2e-2

@@ -331,6 +331,27 @@ def test_bad_activation_precision_is_refused(q4_k_file):
     }
 
 
+def test_kv_cache_dtype_follows_the_activation_precision_unless_set(q4_k_file):
+    import torch
+
+    model = str(q4_k_file)
+    assert EngineConfig(model=model).kv_torch_dtype(torch.float32) == torch.float32
+    int8 = EngineConfig(model=model, activation_precision="int8")
+    assert int8.kv_torch_dtype(torch.float32) == torch.float16  # llama.cpp's default cache
+    chosen = EngineConfig(model=model, activation_precision="int8", kv_cache_dtype="fp32")
+    assert chosen.kv_torch_dtype(torch.float32) == torch.float32
+    assert EngineConfig(model=model, kv_cache_dtype="bf16").kv_torch_dtype(torch.float32) == (
+        torch.bfloat16
+    )
+    with pytest.raises(ValueError, match="kv_cache_dtype must be auto or one of"):
+        EngineConfig(model=model, kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):  # pydantic: a 400 over HTTP
+        ModelSpec(model_id="m", kv_cache_dtype="int8")
+    assert ModelSpec(model_id="m", kv_cache_dtype="float16").engine_args() == {
+        "kv_cache_dtype": "float16"
+    }
+
+
 def test_cli_flag_reaches_the_engine_arguments(capsys):
     from axon.cli import build_parser, engine_args_from_namespace
     from axon.server.serve import config_from_namespace
@@ -341,6 +362,10 @@ def test_cli_flag_reaches_the_engine_arguments(capsys):
     assert config.engine_args(config.default_models[0])["activation_precision"] == "int8"
     ns = parser.parse_args(["generate", "--model", "m.gguf", "--prompt", "hi"])
     assert "activation_precision" not in engine_args_from_namespace(ns)  # the default: float32
+    ns = parser.parse_args(
+        ["generate", "--model", "m.gguf", "--prompt", "hi", "--kv-cache-dtype", "float16"]
+    )
+    assert engine_args_from_namespace(ns)["kv_cache_dtype"] == "float16"
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--activation-precision", "int4"])
     assert "invalid choice: 'int4'" in capsys.readouterr().err

@@ -186,8 +186,10 @@ def test_allowed_local_model_paths(tmp_path):
 def test_serve_passes_adaptive_threads_and_activation_precision(monkeypatch):
     monkeypatch.delenv("AXON_CONFIG", raising=False)
     argv = ["serve", "/models/x.gguf", "--no-adaptive-threads", "--activation-precision", "int8"]
+    argv += ["--kv-cache-dtype", "float32"]
     config = config_from_namespace(build_parser().parse_args(argv), environ={})
     assert config.engine.adaptive_threads is False
     assert config.engine.activation_precision == "int8"
+    assert config.engine.kv_cache_dtype == "float32"
     config = config_from_namespace(build_parser().parse_args(["serve", "/m.gguf"]), environ={})
     assert config.engine.adaptive_threads is None  # unset: the engine's default (on)

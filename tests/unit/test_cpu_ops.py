@@ -204,6 +204,61 @@ def test_paged_prefill_attention_matches_reference(
     _close(got, want)  # the decode rows between the chunks still hold the sentinel
 
 
+# float16 caches (kv_cache_dtype): the kernels read the rounded values widened back, so they
+# match the reference run on the float16 cache widened to float32.
+@pytest.mark.parametrize("window,softcap", [(None, None), (20, 30.0)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,chunks", [PREFILL_SHAPES[i] for i in (0, 1, 2)])
+def test_paged_prefill_attention_reads_float16_caches(
+    heads, kv_heads, head_dim, chunks, window, softcap
+):
+    q, k_cache, v_cache, rows, key_slots = _prefill_case(heads, kv_heads, head_dim, chunks, 2)
+    k16, v16 = k_cache.half(), v_cache.half()
+    scale = head_dim**-0.5
+    want = _prefill_reference(
+        q, k16.float(), v16.float(), rows, key_slots, scale, softcap, window,
+        torch.full(q.shape, 7.0),
+    )  # fmt: skip
+    got = cpu_ops.paged_prefill_attention(
+        q, k16, v16, rows, torch.cat(key_slots), scale, softcap, window, torch.full(q.shape, 7.0)
+    )
+    _close(got, want)
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), (50, None), (20, 30.0)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,lens", [SHAPES[i] for i in (0, 2, 4, 5)])
+def test_paged_decode_attention_reads_float16_caches(
+    heads, kv_heads, head_dim, lens, window, softcap
+):
+    q, k_cache, v_cache, key_slots, lens, *_ = _paged_case(
+        window, softcap, 3, heads, kv_heads, head_dim, lens
+    )
+    k16, v16 = k_cache.half(), v_cache.half()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))
+    try:
+        got = cpu_ops.paged_decode_attention(
+            q, k16, v16, key_slots, lens, head_dim**-0.5, softcap, window
+        )
+    finally:
+        torch.set_num_threads(threads)
+    want = _reference(q, k16.float(), v16.float(), key_slots, lens, window, softcap, head_dim**-0.5)
+    _close(got, want)
+
+
+def test_cache_write_rounds_into_a_float16_cache_as_torch_does():
+    kv = torch.randn(5, 4 * 16) * 1000
+    kv[0, :3] = torch.tensor([1e-8, 70000.0, 1.0 + 2**-11])  # subnormal, overflow, a tie
+    k, v = kv[:, :32].view(5, 2, 16), kv[:, 32:].view(5, 2, 16)
+    k_cache, v_cache = torch.zeros(9, 2, 16, dtype=torch.half), torch.zeros(9, 2, 16).half()
+    slots = torch.tensor([7, 0, 4, 8, 2])
+    cpu_ops.cache_write(k, v, slots, k_cache, v_cache)
+    want_k, want_v = torch.zeros(9, 2, 16).half(), torch.zeros(9, 2, 16).half()
+    want_k.index_copy_(0, slots, k.half())
+    want_v.index_copy_(0, slots, v.half())
+    assert torch.equal(k_cache.view(torch.int16), want_k.view(torch.int16))
+    assert torch.equal(v_cache.view(torch.int16), want_v.view(torch.int16))
+
+
 @pytest.fixture(scope="module", params=["avx2", "portable"])
 def other_build(request, tmp_path_factory):
     """cpu_ops.c (which stands alone) built without AVX-512 (eight-lane vectors, the smaller
@@ -238,7 +293,18 @@ def test_paged_prefill_attention_of_the_other_builds(
     other_build.axon_paged_prefill_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
         rows.data_ptr(), rows.shape[0], heads, kv_heads, head_dim, scale, 0.0, window,
-        got.data_ptr(), 2,
+        got.data_ptr(), 2, 0,
+    )  # fmt: skip
+    _close(got, want)
+    # the same with float16 caches, read widened through the thread's staging rows
+    k16, v16 = k_cache.half(), v_cache.half()
+    want = _prefill_reference(
+        q, k16.float(), v16.float(), rows, key_slots, scale, None, window, torch.full(q.shape, 7.0)
+    )
+    other_build.axon_paged_prefill_attention(
+        q.data_ptr(), q.stride(0), k16.data_ptr(), v16.data_ptr(), slots.data_ptr(),
+        rows.data_ptr(), rows.shape[0], heads, kv_heads, head_dim, scale, 0.0, window,
+        got.data_ptr(), 2, 1,
     )  # fmt: skip
     _close(got, want)
 

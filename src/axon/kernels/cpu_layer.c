@@ -20,13 +20,14 @@ void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int6
 void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
                  int64_t rotary_dim, const int64_t *positions, const float *inv_freq);
 void axon_cache_write(const float *k, int64_t ldk, const float *v, int64_t ldv,
-                      const int64_t *slots, int64_t tokens, int64_t width, float *k_cache,
-                      float *v_cache);
-void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cache,
-                                 const float *v_cache, const int64_t *slots, int64_t width,
+                      const int64_t *slots, int64_t tokens, int64_t width, void *k_cache,
+                      void *v_cache, int kv_f16);
+void axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
+                                 const void *v_cache, const int64_t *slots, int64_t width,
                                  const int64_t *lens, int64_t batch, int64_t heads,
                                  int64_t kv_heads, int64_t head_dim, float scale, float softcap,
-                                 int64_t window, float *out, float *scratch, int threads);
+                                 int64_t window, float *out, float *scratch, int threads,
+                                 int kv_f16);
 void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
                       int kind);
 
@@ -56,8 +57,9 @@ typedef struct {
     const float *mlp_in_norm;   /* before the MLP */
     const float *mlp_out_norm;  /* on the MLP's output before the residual add (Gemma) */
     const float *q_norm, *k_norm, *qkv_bias, *inv_freq;
-    float *k_cache, *v_cache;
+    void *k_cache, *v_cache;
     Projection qkv, o, gate_up, down;
+    int32_t kv_f16; /* the caches hold float16 */
 } Layer;
 
 static int project(const Projection *p, const float *x, int64_t tokens, int64_t cols, float *y,
@@ -116,11 +118,12 @@ int axon_decode_attention(const Layer *l, float *hidden, int64_t tokens, const i
     axon_rotary(q, qkv_width, tokens, l->heads, D, l->rotary_dim, positions, l->inv_freq);
     axon_rotary(k, qkv_width, tokens, l->kv_heads, D, l->rotary_dim, positions, l->inv_freq);
     axon_cache_write(k, qkv_width, v, qkv_width, slot_mapping, tokens, kv_width, l->k_cache,
-                     l->v_cache);
+                     l->v_cache, l->kv_f16);
     const int64_t work = tokens * l->heads * width * D;
     axon_paged_decode_attention(q, qkv_width, l->k_cache, l->v_cache, key_slots, width, lens,
                                 tokens, l->heads, l->kv_heads, D, l->scale, l->softcap,
-                                l->window, attn, scores, work >= ATTENTION_MIN_WORK ? threads : 1);
+                                l->window, attn, scores, work >= ATTENTION_MIN_WORK ? threads : 1,
+                                l->kv_f16);
     if ((status = project(&l->o, attn, tokens, q_width, y, dim, threads))) return status;
     residual_add(hidden, y, l->attn_out_norm, tokens, dim, l->eps, l->unit_offset);
     return 0;

@@ -13,6 +13,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* Elementwise work (floats) from which a prefill-sized call runs on torch's threads: the
  * threads otherwise spin idle while one does it. */
@@ -157,6 +160,39 @@ static inline float sum_lanes8(f32x8 v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
+/* ---- the KV cache's element types ---------------------------------------------------------- */
+
+/* A KV cache holds float32, or float16 (half the bytes read a decode step, as llama.cpp's
+ * default cache): written rounded to nearest even (as torch's .to(float16)), widened back to
+ * float32 as the attention kernels read it. */
+typedef _Float16 half;
+
+/* Eight or sixteen lanes at a time where the CPU converts vectors (F16C, AVX-512): GCC leaves
+ * the _Float16 loops scalar, each conversion waiting on the last (~4 cycles a value). */
+static inline void widen(const half *src, float *dst, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+#endif
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++) dst[i] = (float)src[i];
+}
+
+/* dst = src rounded to float16, to nearest even. */
+static inline void narrow(const float *src, half *dst, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) dst[i] = (half)src[i];
+}
+
 /* ---- paged decode attention --------------------------------------------------------------- */
 
 /* Positions are taken eight at a time: eight cache rows (keys, then values) per block. */
@@ -168,15 +204,26 @@ static inline float sum_lanes8(f32x8 v) {
  * width, its output at out + (kv * group + h) * head_dim. */
 typedef struct {
     const float *q;
-    const float *k, *v;   /* cache + the first KV head's offset; position p's at + slots[p] * row */
+    const void *k, *v;    /* cache + the first KV head's offset; position p's at + slots[p] * row */
     const int64_t *slots; /* the sequence's slots */
     int64_t row, start, len, kvs, group, head_dim;
+    float *stage; /* a float16 cache: ROWS rows of kvs heads widened to float32 here; else NULL */
 } Unit;
 
-/* The cache rows of positions p0 .. p0 + ROWS - 1; past len they repeat p0's (read, unused). */
-static inline void block_rows(const Unit *u, const float *cache, int64_t p0, const float **rows) {
-    for (int j = 0; j < ROWS; j++)
-        rows[j] = cache + u->slots[p0 + j < u->len ? p0 + j : p0] * u->row;
+/* The cache rows (as float32) of positions p0 .. p0 + ROWS - 1; past len they repeat p0's (read,
+ * unused). A float16 cache's rows are widened into the unit's stage first. */
+static inline void block_rows(const Unit *u, const void *cache, int64_t p0, const float **rows) {
+    const int64_t n = u->len - p0 < ROWS ? u->len - p0 : ROWS, width = u->kvs * u->head_dim;
+    for (int j = 0; j < n; j++) {
+        const int64_t at = u->slots[p0 + j] * u->row;
+        if (u->stage) {
+            widen((const half *)cache + at, u->stage + j * width, width);
+            rows[j] = u->stage + j * width;
+        } else {
+            rows[j] = (const float *)cache + at;
+        }
+    }
+    for (int64_t j = n; j < ROWS; j++) rows[j] = rows[0];
 }
 
 /* scores[(kv, h), p] = q_(kv, h) . k_(kv, p) * scale (softcapped): a block's key rows are read
@@ -305,6 +352,7 @@ static void unit_values(const Unit *u, const float *weights, int64_t width, floa
  *   lens     [batch] context lengths; a window > 0 keeps the last `window` positions
  *   softcap  > 0: scores = tanh(scores / softcap) * softcap
  *   out      [batch, heads, head_dim]
+ *   kv_f16   the caches hold float16
  * `scratch` holds threads * heads * width floats of scores.
  *
  * Each unit of work is a sequence, two passes over its cache (scores, then their softmax's sum
@@ -313,12 +361,12 @@ static void unit_values(const Unit *u, const float *weights, int64_t width, floa
  * thread, a unit is a part of a sequence's KV heads; with fewer KV heads than threads, a part of
  * one KV head's query heads (gemma-3-270m has one KV head), at the price of reading its rows once
  * per part. */
-void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cache,
-                                 const float *v_cache,
+void axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
+                                 const void *v_cache,
                                  const int64_t *slots, int64_t width, const int64_t *lens,
                                  int64_t batch, int64_t heads, int64_t kv_heads,
                                  int64_t head_dim, float scale, float softcap, int64_t window,
-                                 float *out, float *scratch, int threads) {
+                                 float *out, float *scratch, int threads, int kv_f16) {
     int64_t kv_parts = 1, head_parts = 1, group = heads / kv_heads;
     /* two units a thread at least, for balance: a sequence's KV heads split at no extra reads */
     while (kv_parts < kv_heads && batch * kv_parts < 2 * threads) kv_parts++;
@@ -329,7 +377,11 @@ void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cac
     const int64_t part_heads = (group + head_parts - 1) / head_parts;
     head_parts = (group + part_heads - 1) / part_heads;
     const int64_t units = batch * kv_parts * head_parts;
-#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1)
+    const int64_t elem = kv_f16 ? 2 : 4;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+    float *stage = kv_f16 ? malloc(ROWS * kvs * head_dim * sizeof(float)) : NULL;
+#pragma omp for schedule(dynamic)
     for (int64_t unit = 0; unit < units; unit++) {
 #ifdef _OPENMP
         float *scores = scratch + (int64_t)omp_get_thread_num() * heads * width;
@@ -339,11 +391,11 @@ void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cac
         const int64_t b = unit / (kv_parts * head_parts), kv0 = unit / head_parts % kv_parts * kvs;
         const int64_t part = unit % head_parts, h0 = kv0 * group + part * part_heads;
         const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
-        Unit u = {q + b * ldq + h0 * head_dim, k_cache + kv0 * head_dim,
-                  v_cache + kv0 * head_dim, slots + b * width, kv_heads * head_dim, start, len,
-                  kv0 + kvs <= kv_heads ? kvs : kv_heads - kv0,
+        Unit u = {q + b * ldq + h0 * head_dim, (const char *)k_cache + kv0 * head_dim * elem,
+                  (const char *)v_cache + kv0 * head_dim * elem, slots + b * width,
+                  kv_heads * head_dim, start, len, kv0 + kvs <= kv_heads ? kvs : kv_heads - kv0,
                   group - part * part_heads < part_heads ? group - part * part_heads : part_heads,
-                  head_dim};
+                  head_dim, stage};
         float *o = out + (b * heads + h0) * head_dim;
         if (start >= len) {
             memset(o, 0, u.kvs * u.group * head_dim * sizeof(float));
@@ -352,6 +404,8 @@ void axon_paged_decode_attention(const float *q, int64_t ldq, const float *k_cac
         unit_scores(&u, scale, softcap, scores, width);
         for (int64_t h = 0; h < u.kvs * u.group; h++) softmax_row(scores + h * width, start, len);
         unit_values(&u, scores, width, o);
+    }
+    free(stage);
     }
 }
 
@@ -392,13 +446,16 @@ static inline void storev(float *p, fv v) { memcpy(p, &v, sizeof v); }
 static inline fv selectv(iv mask, fv a, fv b) { return (fv)(((iv)a & mask) | ((iv)b & ~mask)); }
 
 /* One unit: `rows` (token, head) query rows of KV head `kv`; row r is token t0 + r / heads_in,
- * query head h0 + r % heads_in. Each thread's scratch: qt [D, QROWS], s [KEYS, QROWS],
- * o [QROWS, D]. */
+ * query head h0 + r % heads_in. Each thread's scratch (PREFILL_SCRATCH floats): qt [D, QROWS],
+ * s [KEYS, QROWS], o [QROWS, D], then (float16 caches) a block's keys and values [KEYS, D]. */
+#define PREFILL_SCRATCH(D) ((2 * (D) + KEYS) * QROWS + 2 * KEYS * (D))
 typedef struct {
-    const float *q, *k, *v; /* q at the unit's first (token, head); k / v + kv * D */
-    const int64_t *slots;   /* the chunk's key slots, position order */
+    const float *q;       /* at the unit's first (token, head) */
+    const void *k, *v;    /* the caches + kv * D elements */
+    const int64_t *slots; /* the chunk's key slots, position order */
     int64_t ldq, row, D, rows, heads_in;
-    int64_t first_pos;      /* the position of the unit's first token */
+    int64_t first_pos; /* the position of the unit's first token */
+    int kv_f16;        /* float16 caches: a block's rows widened into the thread's scratch */
 } PrefillUnit;
 
 /* s[j, :] = the scores of keys j0 + j (j < SCORE_KEYS) against all rows. */
@@ -482,11 +539,18 @@ static void prefill_unit(const PrefillUnit *u, float scale, float softcap, int64
     for (int64_t j0 = first_lo; j0 <= last_pos; j0 += KEYS) {
         const int n = last_pos + 1 - j0 < KEYS ? (int)(last_pos + 1 - j0) : KEYS;
         const float *keys[KEYS], *values[KEYS];
-        for (int j = 0; j < KEYS; j++) {
-            const int64_t slot = u->slots[j0 + (j < n ? j : 0)];
-            keys[j] = u->k + slot * u->row;
-            values[j] = u->v + slot * u->row;
+        for (int j = 0; j < n; j++) {
+            const int64_t at = u->slots[j0 + j] * u->row;
+            if (u->kv_f16) {
+                float *key = o + QROWS * D + j * D, *value = key + KEYS * D;
+                widen((const half *)u->k + at, key, D);
+                widen((const half *)u->v + at, value, D);
+                keys[j] = key, values[j] = value;
+            } else {
+                keys[j] = (const float *)u->k + at, values[j] = (const float *)u->v + at;
+            }
         }
+        for (int j = n; j < KEYS; j++) keys[j] = keys[0], values[j] = values[0];
         for (int j = 0; j < n; j += SCORE_KEYS) score_tile(s + j * QROWS, qt, keys + j, D);
         if (softcap > 0.0f)
             for (int64_t i = 0; i < n * QROWS; i++) s[i] = tanhf(s[i] / softcap) * softcap;
@@ -545,13 +609,14 @@ static void prefill_unit(const PrefillUnit *u, float scale, float softcap, int64
  *            window > 0)
  *   softcap  > 0: scores = tanh(scores / softcap) * softcap
  *   out      [tokens, heads, head_dim]: the chunks' rows written, others untouched
+ *   kv_f16   the caches hold float16
  * A unit of work is one KV head's query rows for a block of tokens; the longest (latest tokens)
  * are handed out first. */
-void axon_paged_prefill_attention(const float *q, int64_t ldq, const float *k_cache,
-                                  const float *v_cache, const int64_t *slots,
+void axon_paged_prefill_attention(const float *q, int64_t ldq, const void *k_cache,
+                                  const void *v_cache, const int64_t *slots,
                                   const int64_t *chunks, int64_t n_chunks, int64_t heads,
                                   int64_t kv_heads, int64_t head_dim, float scale, float softcap,
-                                  int64_t window, float *out, int threads) {
+                                  int64_t window, float *out, int threads, int kv_f16) {
     const int64_t D = head_dim, group = heads / kv_heads;
     const int64_t heads_in = group < QROWS ? group : QROWS;
     const int64_t parts = (group + heads_in - 1) / heads_in, tokens_in = QROWS / heads_in;
@@ -560,7 +625,7 @@ void axon_paged_prefill_attention(const float *q, int64_t ldq, const float *k_ca
         units += (chunks[4 * c + 1] + tokens_in - 1) / tokens_in * kv_heads * parts;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        float *scratch = malloc((2 * D + KEYS) * QROWS * sizeof(float));
+        float *scratch = malloc(PREFILL_SCRATCH(D) * sizeof(float));
 #pragma omp for schedule(dynamic)
         for (int64_t unit = 0; unit < units; unit++) {
             int64_t c = 0, first = 0, blocks = 0;
@@ -578,9 +643,10 @@ void axon_paged_prefill_attention(const float *q, int64_t ldq, const float *k_ca
                                                                    : heads_in;
             const int64_t h0 = kv * group + part * heads_in;
             const int64_t tok = chunk[0] + t0;
-            PrefillUnit u = {q + tok * ldq + h0 * D, k_cache + kv * D, v_cache + kv * D,
-                             slots + chunk[3], ldq, kv_heads * D, D, ntok * h_in, h_in,
-                             chunk[2] - chunk[1] + t0};
+            const int64_t offset = kv * D * (kv_f16 ? 2 : 4);
+            PrefillUnit u = {q + tok * ldq + h0 * D, (const char *)k_cache + offset,
+                             (const char *)v_cache + offset, slots + chunk[3], ldq,
+                             kv_heads * D, D, ntok * h_in, h_in, chunk[2] - chunk[1] + t0, kv_f16};
             prefill_unit(&u, scale, softcap, window, out + (tok * heads + h0) * D, heads * D,
                          scratch);
         }
@@ -624,13 +690,19 @@ void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, i
 
 /* ---- the KV cache write ------------------------------------------------------------------- */
 
-/* k_cache[slots[t]] = k[t] and v_cache[slots[t]] = v[t]; rows of `width` floats, k / v token
- * rows ldk / ldv floats apart. */
+/* k_cache[slots[t]] = k[t] and v_cache[slots[t]] = v[t]; rows of `width` values, k / v token
+ * rows ldk / ldv floats apart; kv_f16: the caches hold float16 (rounded to nearest even). */
 void axon_cache_write(const float *k, int64_t ldk, const float *v, int64_t ldv,
-                      const int64_t *slots, int64_t tokens, int64_t width, float *k_cache,
-                      float *v_cache) {
+                      const int64_t *slots, int64_t tokens, int64_t width, void *k_cache,
+                      void *v_cache, int kv_f16) {
     for (int64_t t = 0; t < tokens; t++) {
-        memcpy(k_cache + slots[t] * width, k + t * ldk, width * sizeof(float));
-        memcpy(v_cache + slots[t] * width, v + t * ldv, width * sizeof(float));
+        const int64_t at = slots[t] * width;
+        if (!kv_f16) {
+            memcpy((float *)k_cache + at, k + t * ldk, width * sizeof(float));
+            memcpy((float *)v_cache + at, v + t * ldv, width * sizeof(float));
+            continue;
+        }
+        narrow(k + t * ldk, (half *)k_cache + at, width);
+        narrow(v + t * ldv, (half *)v_cache + at, width);
     }
 }

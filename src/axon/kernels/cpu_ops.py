@@ -32,15 +32,15 @@ def _library() -> ctypes.CDLL | None:
     lib.axon_rotary.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
     lib.axon_rotary_table.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
     lib.axon_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
-    lib.axon_cache_write.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr]
+    lib.axon_cache_write.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, i32]
     lib.axon_paged_decode_attention.argtypes = [
         *(ptr, i64, ptr, ptr, ptr, i64, ptr),
         *(i64, i64, i64, i64, f32, f32, i64),
-        *(ptr, ptr, i32),
+        *(ptr, ptr, i32, i32),
     ]
     lib.axon_paged_prefill_attention.argtypes = [
         *(ptr, i64, ptr, ptr, ptr, ptr, i64),
-        *(i64, i64, i64, f32, f32, i64, ptr, i32),
+        *(i64, i64, i64, f32, f32, i64, ptr, i32, i32),
     ]
     return lib
 
@@ -48,6 +48,14 @@ def _library() -> ctypes.CDLL | None:
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the C path may run on these tensors (float32, CPU, library built)."""
     if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
+        return False
+    return _library() is not None
+
+
+def cache_usable(cache: torch.Tensor) -> bool:
+    """Whether the C attention kernels read (and cache_write writes) this KV cache: float32 or
+    float16, on the CPU, library built."""
+    if cache.device.type != "cpu" or cache.dtype not in (torch.float32, torch.float16):
         return False
     return _library() is not None
 
@@ -94,7 +102,7 @@ def rotary_table_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_
 
 def paged_decode_attention(
     q: torch.Tensor,  # [B, H, D]
-    k_cache: torch.Tensor,  # [slots, Hkv, D]
+    k_cache: torch.Tensor,  # [slots, Hkv, D], float32 or float16
     v_cache: torch.Tensor,
     key_slots: torch.Tensor,  # [B, C] int64, padded
     context_lens: torch.Tensor,  # [B] int64
@@ -116,13 +124,14 @@ def paged_decode_attention(
         key_slots.data_ptr(), width,
         context_lens.data_ptr(), batch, heads, k_cache.shape[1], head_dim, scale,
         softcap or 0.0, window or 0, out.data_ptr(), scratch.data_ptr(), threads,
+        int(k_cache.dtype == torch.float16),
     )  # fmt: skip
     return out
 
 
 def paged_prefill_attention(
     q: torch.Tensor,  # [T, H, D]
-    k_cache: torch.Tensor,  # [slots, Hkv, D]
+    k_cache: torch.Tensor,  # [slots, Hkv, D], float32 or float16
     v_cache: torch.Tensor,
     chunks: torch.Tensor,  # [N, 4] int64: query_start, query_len, context_len, slots offset
     slots: torch.Tensor,  # every chunk's key slots, concatenated
@@ -141,7 +150,7 @@ def paged_prefill_attention(
     _library().axon_paged_prefill_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
         chunks.data_ptr(), chunks.shape[0], heads, k_cache.shape[1], head_dim, scale,
-        softcap or 0.0, window or 0, out.data_ptr(), threads,
+        softcap or 0.0, window or 0, out.data_ptr(), threads, int(k_cache.dtype == torch.float16),
     )  # fmt: skip
     return out
 
@@ -166,11 +175,11 @@ def cache_write(
     k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache
 ) -> None:
     """k_cache[slots] = k and v_cache[slots] = v for k / v [T, Hkv, D] (token rows may be
-    strided, each row contiguous)."""
+    strided, each row contiguous); a float16 cache gets them rounded as .to(float16) would."""
     tokens, width = k.shape[0], k.shape[1] * k.shape[2]
     k, v = (t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous() for t in (k, v))
     slots = slots.contiguous()
     _library().axon_cache_write(
         k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slots.data_ptr(), tokens, width,
-        k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.float16),
     )  # fmt: skip

@@ -1,8 +1,11 @@
-"""Paged attention over a block KV cache, in pure PyTorch (runs on CPU and GPU).
+"""Paged attention over a block KV cache, in pure PyTorch (runs on CPU and GPU), with C kernels
+on the CPU (kernels/cpu_ops.c: the cache write, decode and prefill attention read in place).
 
 New K/V are written to the cache at `slot_mapping`; each query then attends to its sequence's
 keys gathered from the cache. GQA never repeats K/V: the query heads sharing a KV head are
 folded into the query-length axis, so a [Hkv, G*Q, D] x [Hkv, C, D] product does the work.
+The cache may hold another dtype than the model's (`kv_cache_dtype`, e.g. float16 on a float32
+model): K/V are rounded to it as written and widened back as read.
 """
 
 from __future__ import annotations
@@ -77,15 +80,16 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
         meta = get_forward_context()
-        if cpu_ops.usable(k, v, self.k_cache):
+        fast = cpu_ops.usable(q, k, v) and cpu_ops.cache_usable(self.k_cache)
+        if fast:
             cpu_ops.cache_write(k, v, meta.slot_mapping, self.k_cache, self.v_cache)
         else:
-            self.k_cache.index_copy_(0, meta.slot_mapping, k)
-            self.v_cache.index_copy_(0, meta.slot_mapping, v)
+            self.k_cache.index_copy_(0, meta.slot_mapping, k.to(self.k_cache.dtype))
+            self.v_cache.index_copy_(0, meta.slot_mapping, v.to(self.v_cache.dtype))
         if not meta.prefills:  # every row decodes: no gather of rows, no scatter back
             return self._decode(meta, q).reshape(q.shape[0], -1)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D]
-        if cpu_ops.usable(q, self.k_cache):  # every chunk in one call, keys read in place
+        if fast:  # every chunk in one call, keys read in place
             cpu_ops.paged_prefill_attention(
                 q, self.k_cache, self.v_cache, *meta.prefill_layout(), self.scale,
                 self.logit_softcap, self.sliding_window, out,
@@ -100,9 +104,11 @@ class Attention(nn.Module):
 
     def _prefill(self, meta: AttentionMetadata, index: int, q, k, v) -> torch.Tensor:
         chunk = meta.prefills[index]
-        if chunk.context_len > chunk.query_len:  # earlier chunks or a prefix hit: read the cache
-            k = self.k_cache[chunk.key_slots]
-            v = self.v_cache[chunk.key_slots]
+        # Earlier chunks or a prefix hit, or a cache of another dtype (the keys as it rounded
+        # them, as the decodes will see them): read the cache.
+        if chunk.context_len > chunk.query_len or self.k_cache.dtype != k.dtype:
+            k = self.k_cache[chunk.key_slots].to(q.dtype)
+            v = self.v_cache[chunk.key_slots].to(q.dtype)
         query_len = chunk.query_len
         # [Q, H, D] -> [1, Hkv, G*Q, D]; query head h uses KV head h // G.
         qg = q.view(query_len, self.num_kv_heads, self.group, self.head_dim)
@@ -115,7 +121,7 @@ class Attention(nn.Module):
         return o.permute(2, 0, 1, 3).reshape(query_len, self.num_heads, self.head_dim)
 
     def _decode(self, meta: AttentionMetadata, q: torch.Tensor) -> torch.Tensor:
-        if cpu_ops.usable(q, self.k_cache):  # reads the cache in place: no gather, no mask
+        if cpu_ops.usable(q) and cpu_ops.cache_usable(self.k_cache):  # in place: no gather
             return cpu_ops.paged_decode_attention(
                 q, self.k_cache, self.v_cache, meta.decode_key_slots, meta.decode_context_lens,
                 self.scale, self.logit_softcap, self.sliding_window,
@@ -128,6 +134,7 @@ class Attention(nn.Module):
         qg = q.view(batch, self.num_kv_heads, self.group, self.head_dim)  # [Bd, Hkv, G, D]
         k = gather_slots(self.k_cache, meta.decode_key_slots, "k").transpose(1, 2)  # [Bd,Hkv,C,D]
         v = gather_slots(self.v_cache, meta.decode_key_slots, "v").transpose(1, 2)
+        k, v = k.to(q.dtype), v.to(q.dtype)  # a cache of another dtype (float16)
         mask = meta.decode_mask(self.sliding_window)[:, None, None, :]  # [Bd, 1, 1, C]
         o = attend(qg, k, v, mask, self.scale, self.logit_softcap)
         return o.reshape(batch, self.num_heads, self.head_dim)

@@ -53,6 +53,7 @@ class _Layer(ctypes.Structure):  # mirrors `Layer` in cpu_layer.c, field for fie
         ("k_cache", _ptr),
         ("v_cache", _ptr),
         *((name, _Projection) for name in ("qkv", "o", "gate_up", "down")),
+        ("kv_f16", _i32),  # the caches hold float16
     ]
 
 
@@ -173,8 +174,10 @@ def _build_spec(layer, attention_only: bool = False) -> _Layer | None:
     weights = [_weights_of(p) for p in projections]
     activation = 0 if attention_only else _activation_of(layer.mlp.act_fn)
     attn, rope = self_attn.attn, self_attn.rotary_emb
-    tensors = [attn.k_cache, layer.input_layernorm.weight, rope.inv_freq]
+    tensors = [layer.input_layernorm.weight, rope.inv_freq]
     if None in weights or activation is None or not all(_is_f32(t) for t in tensors):
+        return None
+    if not cpu_ops.cache_usable(attn.k_cache):
         return None
     sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma: norms on both sides
     norm = layer.input_layernorm
@@ -195,6 +198,7 @@ def _build_spec(layer, attention_only: bool = False) -> _Layer | None:
         qkv_bias=_ptr_of(self_attn.qkv_proj, "bias"), inv_freq=rope.inv_freq.data_ptr(),
         k_cache=attn.k_cache.data_ptr(), v_cache=attn.v_cache.data_ptr(),
         qkv=_projection(weights[0]), o=_projection(weights[1]),
+        kv_f16=int(attn.k_cache.dtype == torch.float16),
     )  # fmt: skip
     if not attention_only:
         spec.gate_up, spec.down = _projection(weights[2]), _projection(weights[3])

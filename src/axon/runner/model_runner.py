@@ -125,7 +125,8 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> KVCachePlan:
         layers = self._attention_layers()
         num_kv_heads, head_dim = layers[0].num_kv_heads, layers[0].head_dim
-        per_token = kv_bytes_per_token(len(layers), num_kv_heads, head_dim, self.dtype)
+        kv_dtype = self.config.kv_torch_dtype(self.dtype)
+        per_token = kv_bytes_per_token(len(layers), num_kv_heads, head_dim, kv_dtype)
         model_max_len = self.text_config.max_position_embeddings
         plan = plan_kv_cache(
             self.config,
@@ -140,7 +141,7 @@ class ModelRunner:
         shape = (2, len(layers), plan.num_tokens, num_kv_heads, head_dim)
         # Zeroed, so padded (masked) key slots never hold NaN or inf; on the CPU zeroed page by
         # page as it fills, not seconds up front (host_memory).
-        self.kv_cache = host_memory.zeros(shape, self.dtype, self.device)
+        self.kv_cache = host_memory.zeros(shape, kv_dtype, self.device)
         for index, layer in enumerate(layers):
             layer.k_cache = self.kv_cache[0, index]  # [slots, Hkv, D]
             layer.v_cache = self.kv_cache[1, index]
