@@ -45,6 +45,17 @@ def test_rms_norm_reads_strided_rows():
     _close(cpu_ops.rms_norm(x, weight, 1e-5, False), rms_norm_ref(x, weight, 1e-5, False))
 
 
+@pytest.mark.parametrize("tokens", [3, 300])  # 300: split across threads
+def test_rms_norm_reads_the_heads_of_a_fused_projection_in_place(tokens):
+    qkv = torch.randn(tokens, (4 + 2 * 2) * 32)
+    k = qkv[:, 4 * 32 : 6 * 32].view(tokens, 2, 32)  # Qwen3's k_norm input: token rows strided
+    weight = torch.randn(32)
+    for unit_offset in (False, True):
+        got = cpu_ops.rms_norm(k, weight, 1e-6, unit_offset)
+        assert got.is_contiguous() and got.shape == k.shape
+        _close(got, rms_norm_ref(k, weight, 1e-6, unit_offset))
+
+
 # 7 tokens: the kernel's own cos / sin (decode sizes); 300: a prefill's, from torch's tables.
 @pytest.mark.parametrize("tokens", [7, 300])
 @pytest.mark.parametrize("rotary_dim", [64, 16])

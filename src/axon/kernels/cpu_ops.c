@@ -32,21 +32,33 @@ static float dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+/* o = xr * rsqrt(mean(xr^2) + eps) * (w, or 1 + w with unit_offset), `dim` values. */
+static inline void rms_row(const float *xr, const float *w, float *o, int64_t dim, float eps,
+                           int unit_offset) {
+    const float inv = 1.0f / sqrtf(dot(xr, xr, dim) / (float)dim + eps);
+    int64_t i;
+    if (unit_offset)
+        for (i = 0; i < dim; i++) o[i] = (xr[i] * inv) * (1.0f + w[i]);
+    else
+        for (i = 0; i < dim; i++) o[i] = w[i] * (xr[i] * inv);
+}
+
 /* out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w, or 1 + w with unit_offset); rows may be
  * strided (ldx, ldo floats apart), each row's `dim` values contiguous. */
 void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo,
                    int64_t rows, int64_t dim, float eps, int unit_offset) {
 #pragma omp parallel for schedule(static) if (rows * dim >= PARALLEL_FLOATS)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * ldx;
-        float *o = out + r * ldo;
-        const float inv = 1.0f / sqrtf(dot(xr, xr, dim) / (float)dim + eps);
-        int64_t i;
-        if (unit_offset)
-            for (i = 0; i < dim; i++) o[i] = (xr[i] * inv) * (1.0f + w[i]);
-        else
-            for (i = 0; i < dim; i++) o[i] = w[i] * (xr[i] * inv);
-    }
+    for (int64_t r = 0; r < rows; r++) rms_row(x + r * ldx, w, out + r * ldo, dim, eps, unit_offset);
+}
+
+/* The same per head: token t's `heads` rows of `dim` start at x + t * ldx, each next to the last
+ * (a q / k view of a fused projection); out [tokens, heads, dim] contiguous. */
+void axon_rms_norm_heads(const float *x, int64_t ldx, int64_t heads, const float *w, float *out,
+                         int64_t tokens, int64_t dim, float eps, int unit_offset) {
+#pragma omp parallel for schedule(static) if (tokens * heads * dim >= PARALLEL_FLOATS)
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t h = 0; h < heads; h++)
+            rms_row(x + t * ldx + h * dim, w, out + (t * heads + h) * dim, dim, eps, unit_offset);
 }
 
 /* Rotary embedding (neox / rotate-half layout) in place on the first 2 * half channels of each

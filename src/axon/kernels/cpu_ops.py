@@ -29,6 +29,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     lib.axon_rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32, i32]
+    lib.axon_rms_norm_heads.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, f32, i32]
     lib.axon_rotary.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
     lib.axon_rotary_table.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
     lib.axon_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
@@ -63,6 +64,14 @@ def cache_usable(cache: torch.Tensor) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool) -> torch.Tensor:
     """x [..., D] (last dim contiguous) -> normalized copy [..., D], contiguous."""
     dim = x.shape[-1]
+    if x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == dim and x.stride(0) > x.shape[1] * dim:
+        # [T, H, D] heads of a fused projection (token rows strided): read in place, no copy
+        out = torch.empty(x.shape, dtype=torch.float32)
+        _library().axon_rms_norm_heads(
+            x.data_ptr(), x.stride(0), x.shape[1], weight.data_ptr(), out.data_ptr(),
+            x.shape[0], dim, eps, int(unit_offset),
+        )  # fmt: skip
+        return out
     rows = x.reshape(-1, dim) if x.stride(-1) == 1 else x.contiguous().view(-1, dim)
     if rows.shape[0] > 1 and rows.stride(0) < dim:
         rows = rows.contiguous()
