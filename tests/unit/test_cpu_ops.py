@@ -296,28 +296,19 @@ def test_paged_prefill_attention_of_the_other_builds(
     other_build, heads, kv_heads, head_dim, chunks
 ):
     q, k_cache, v_cache, rows, key_slots = _prefill_case(heads, kv_heads, head_dim, chunks, 1)
-    scale, window = head_dim**-0.5, 40
-    want = _prefill_reference(
-        q, k_cache, v_cache, rows, key_slots, scale, None, window, torch.full(q.shape, 7.0)
-    )
-    got, slots = torch.full(q.shape, 7.0), torch.cat(key_slots)
-    other_build.axon_paged_prefill_attention(
-        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
-        rows.data_ptr(), rows.shape[0], heads, kv_heads, head_dim, scale, 0.0, window,
-        got.data_ptr(), 2, 0,
-    )  # fmt: skip
-    _close(got, want)
-    # the same with float16 caches, read widened through the thread's staging rows
-    k16, v16 = k_cache.half(), v_cache.half()
-    want = _prefill_reference(
-        q, k16.float(), v16.float(), rows, key_slots, scale, None, window, torch.full(q.shape, 7.0)
-    )
-    other_build.axon_paged_prefill_attention(
-        q.data_ptr(), q.stride(0), k16.data_ptr(), v16.data_ptr(), slots.data_ptr(),
-        rows.data_ptr(), rows.shape[0], heads, kv_heads, head_dim, scale, 0.0, window,
-        got.data_ptr(), 2, 1,
-    )  # fmt: skip
-    _close(got, want)
+    scale, window, slots = head_dim**-0.5, 40, torch.cat(key_slots)
+    # float32 caches, then float16 ones read widened through the thread's staging rows
+    for k, v, kv_f16 in ((k_cache, v_cache, 0), (k_cache.half(), v_cache.half(), 1)):
+        want = _prefill_reference(
+            q, k.float(), v.float(), rows, key_slots, scale, None, window, torch.full(q.shape, 7.0)
+        )
+        got = torch.full(q.shape, 7.0)
+        other_build.axon_paged_prefill_attention(
+            q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), slots.data_ptr(),
+            rows.data_ptr(), rows.shape[0], heads, kv_heads, head_dim, scale, 0.0, window,
+            got.data_ptr(), 2, kv_f16,
+        )  # fmt: skip
+        _close(got, want)
 
 
 @pytest.mark.parametrize("inter", [8, 100, 2048])
