@@ -41,8 +41,8 @@ BLOCK = 16
 def old_kernel(revision: str) -> ctypes.CDLL:
     """The kernels library at `revision` (its attention: the replaced kernel)."""
     lib = build_kernels(revision, Path(tempfile.mkdtemp()))
-    lib.axon_paged_decode_attention.argtypes = (
-        cpu_ops._library().axon_paged_decode_attention.argtypes
+    lib.axon_paged_decode_attention.argtypes = (  # the new one's, less its kv_f16 flag
+        cpu_ops._library().axon_paged_decode_attention.argtypes[:-1]
     )
     return lib
 
@@ -60,8 +60,9 @@ def paged_case(batch: int, heads: int, kv_heads: int, head_dim: int, context: in
     return q, k_cache, v_cache, key_slots, lens
 
 
-def caller(function, case, threads: int):
-    """A no-argument call of `function` on `case` with `threads` threads; returns (call, out)."""
+def caller(function, case, threads: int, *extra):
+    """A no-argument call of `function` on `case` with `threads` threads (then `extra`, the new
+    kernel's kv_f16 flag); returns (call, out)."""
     q, k_cache, v_cache, key_slots, lens = case
     batch, heads, head_dim = q.shape
     width = key_slots.shape[1]
@@ -70,7 +71,7 @@ def caller(function, case, threads: int):
     args = (
         q.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
         key_slots.data_ptr(), width, lens.data_ptr(), batch, heads, k_cache.shape[1],
-        head_dim, head_dim**-0.5, 0.0, 0, out.data_ptr(), scratch.data_ptr(), threads,
+        head_dim, head_dim**-0.5, 0.0, 0, out.data_ptr(), scratch.data_ptr(), threads, *extra,
     )  # fmt: skip
 
     def call():
@@ -94,7 +95,7 @@ def main() -> None:
         case = paged_case(batch, heads, kv_heads, head_dim, context)
         for threads in (1, 2):
             old_call, old_out = caller(old, case, threads)
-            new_call, new_out = caller(new, case, threads)
+            new_call, new_out = caller(new, case, threads, 0)  # a float32 cache
             old_us, new_us = per_call_us([old_call, new_call], time.perf_counter, args.budget)
             diff = float((old_out - new_out).abs().max())
             print(f"{name:16} {batch:5} {context:5} {threads:3} {old_us:9.1f} {new_us:9.1f} "

@@ -22,12 +22,12 @@ void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t h
 void axon_cache_write(const float *k, int64_t ldk, const float *v, int64_t ldv,
                       const int64_t *slots, int64_t tokens, int64_t width, void *k_cache,
                       void *v_cache, int kv_f16);
-void axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
-                                 const void *v_cache, const int64_t *slots, int64_t width,
-                                 const int64_t *lens, int64_t batch, int64_t heads,
-                                 int64_t kv_heads, int64_t head_dim, float scale, float softcap,
-                                 int64_t window, float *out, float *scratch, int threads,
-                                 int kv_f16);
+int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
+                                const void *v_cache, const int64_t *slots, int64_t width,
+                                const int64_t *lens, int64_t batch, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, float scale, float softcap,
+                                int64_t window, float *out, float *scratch, int threads,
+                                int kv_f16);
 void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
                       int kind);
 
@@ -120,10 +120,11 @@ int axon_decode_attention(const Layer *l, float *hidden, int64_t tokens, const i
     axon_cache_write(k, qkv_width, v, qkv_width, slot_mapping, tokens, kv_width, l->k_cache,
                      l->v_cache, l->kv_f16);
     const int64_t work = tokens * l->heads * width * D;
-    axon_paged_decode_attention(q, qkv_width, l->k_cache, l->v_cache, key_slots, width, lens,
-                                tokens, l->heads, l->kv_heads, D, l->scale, l->softcap,
-                                l->window, attn, scores, work >= ATTENTION_MIN_WORK ? threads : 1,
-                                l->kv_f16);
+    status = axon_paged_decode_attention(q, qkv_width, l->k_cache, l->v_cache, key_slots, width,
+                                         lens, tokens, l->heads, l->kv_heads, D, l->scale,
+                                         l->softcap, l->window, attn, scores,
+                                         work >= ATTENTION_MIN_WORK ? threads : 1, l->kv_f16);
+    if (status) return status;
     if ((status = project(&l->o, attn, tokens, q_width, y, dim, threads))) return status;
     residual_add(hidden, y, l->attn_out_norm, tokens, dim, l->eps, l->unit_offset);
     return 0;

@@ -357,6 +357,7 @@ static void unit_values(const Unit *u, const float *weights, int64_t width, floa
 }
 
 /* One decode query per sequence over its cached keys, read in place from the paged cache.
+ * Returns 0, or -2 when a float16 cache's staging rows cannot be allocated.
  *   q        [batch, heads, head_dim], rows ldq floats apart; query head h reads KV head
  *            h / (heads / kv_heads)
  *   k/v      [slots, kv_heads, head_dim] caches
@@ -373,12 +374,12 @@ static void unit_values(const Unit *u, const float *weights, int64_t width, floa
  * thread, a unit is a part of a sequence's KV heads; with fewer KV heads than threads, a part of
  * one KV head's query heads (gemma-3-270m has one KV head), at the price of reading its rows once
  * per part. */
-void axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
-                                 const void *v_cache,
-                                 const int64_t *slots, int64_t width, const int64_t *lens,
-                                 int64_t batch, int64_t heads, int64_t kv_heads,
-                                 int64_t head_dim, float scale, float softcap, int64_t window,
-                                 float *out, float *scratch, int threads, int kv_f16) {
+int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
+                                const void *v_cache, const int64_t *slots, int64_t width,
+                                const int64_t *lens, int64_t batch, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, float scale, float softcap,
+                                int64_t window, float *out, float *scratch, int threads,
+                                int kv_f16) {
     int64_t kv_parts = 1, head_parts = 1, group = heads / kv_heads;
     /* two units a thread at least, for balance: a sequence's KV heads split at no extra reads */
     while (kv_parts < kv_heads && batch * kv_parts < 2 * threads) kv_parts++;
@@ -390,35 +391,43 @@ void axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cach
     head_parts = (group + part_heads - 1) / part_heads;
     const int64_t units = batch * kv_parts * head_parts;
     const int64_t elem = kv_f16 ? 2 : 4;
-#pragma omp parallel num_threads(threads) if (threads > 1)
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
     {
-    float *stage = kv_f16 ? malloc(ROWS * kvs * head_dim * sizeof(float)) : NULL;
+        float *stage = kv_f16 ? malloc(ROWS * kvs * head_dim * sizeof(float)) : NULL;
+        failed = kv_f16 && !stage;
 #pragma omp for schedule(dynamic)
-    for (int64_t unit = 0; unit < units; unit++) {
+        for (int64_t unit = 0; unit < units; unit++) {
+            if (kv_f16 && !stage) continue;
 #ifdef _OPENMP
-        float *scores = scratch + (int64_t)omp_get_thread_num() * heads * width;
+            float *scores = scratch + (int64_t)omp_get_thread_num() * heads * width;
 #else
-        float *scores = scratch;
+            float *scores = scratch;
 #endif
-        const int64_t b = unit / (kv_parts * head_parts), kv0 = unit / head_parts % kv_parts * kvs;
-        const int64_t part = unit % head_parts, h0 = kv0 * group + part * part_heads;
-        const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
-        Unit u = {q + b * ldq + h0 * head_dim, (const char *)k_cache + kv0 * head_dim * elem,
-                  (const char *)v_cache + kv0 * head_dim * elem, slots + b * width,
-                  kv_heads * head_dim, start, len, kv0 + kvs <= kv_heads ? kvs : kv_heads - kv0,
-                  group - part * part_heads < part_heads ? group - part * part_heads : part_heads,
-                  head_dim, stage};
-        float *o = out + (b * heads + h0) * head_dim;
-        if (start >= len) {
-            memset(o, 0, u.kvs * u.group * head_dim * sizeof(float));
-            continue;
+            const int64_t b = unit / (kv_parts * head_parts);
+            const int64_t kv0 = unit / head_parts % kv_parts * kvs, part = unit % head_parts;
+            const int64_t h0 = kv0 * group + part * part_heads;
+            const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
+            Unit u = {q + b * ldq + h0 * head_dim, (const char *)k_cache + kv0 * head_dim * elem,
+                      (const char *)v_cache + kv0 * head_dim * elem, slots + b * width,
+                      kv_heads * head_dim, start, len,
+                      kv0 + kvs <= kv_heads ? kvs : kv_heads - kv0,
+                      group - part * part_heads < part_heads ? group - part * part_heads
+                                                             : part_heads,
+                      head_dim, stage};
+            float *o = out + (b * heads + h0) * head_dim;
+            if (start >= len) {
+                memset(o, 0, u.kvs * u.group * head_dim * sizeof(float));
+                continue;
+            }
+            unit_scores(&u, scale, softcap, scores, width);
+            for (int64_t h = 0; h < u.kvs * u.group; h++)
+                softmax_row(scores + h * width, start, len);
+            unit_values(&u, scores, width, o);
         }
-        unit_scores(&u, scale, softcap, scores, width);
-        for (int64_t h = 0; h < u.kvs * u.group; h++) softmax_row(scores + h * width, start, len);
-        unit_values(&u, scores, width, o);
+        free(stage);
     }
-    free(stage);
-    }
+    return failed ? -2 : 0;
 }
 
 /* ---- paged prefill attention -------------------------------------------------------------- */
@@ -623,23 +632,26 @@ static void prefill_unit(const PrefillUnit *u, float scale, float softcap, int64
  *   out      [tokens, heads, head_dim]: the chunks' rows written, others untouched
  *   kv_f16   the caches hold float16
  * A unit of work is one KV head's query rows for a block of tokens; the longest (latest tokens)
- * are handed out first. */
-void axon_paged_prefill_attention(const float *q, int64_t ldq, const void *k_cache,
-                                  const void *v_cache, const int64_t *slots,
-                                  const int64_t *chunks, int64_t n_chunks, int64_t heads,
-                                  int64_t kv_heads, int64_t head_dim, float scale, float softcap,
-                                  int64_t window, float *out, int threads, int kv_f16) {
+ * are handed out first. Returns 0, or -2 when a thread's scratch cannot be allocated. */
+int axon_paged_prefill_attention(const float *q, int64_t ldq, const void *k_cache,
+                                 const void *v_cache, const int64_t *slots,
+                                 const int64_t *chunks, int64_t n_chunks, int64_t heads,
+                                 int64_t kv_heads, int64_t head_dim, float scale, float softcap,
+                                 int64_t window, float *out, int threads, int kv_f16) {
     const int64_t D = head_dim, group = heads / kv_heads;
     const int64_t heads_in = group < QROWS ? group : QROWS;
     const int64_t parts = (group + heads_in - 1) / heads_in, tokens_in = QROWS / heads_in;
     int64_t units = 0;
     for (int64_t c = 0; c < n_chunks; c++)
         units += (chunks[4 * c + 1] + tokens_in - 1) / tokens_in * kv_heads * parts;
-#pragma omp parallel num_threads(threads) if (threads > 1)
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
     {
         float *scratch = malloc(PREFILL_SCRATCH(D) * sizeof(float));
+        failed = !scratch;
 #pragma omp for schedule(dynamic)
         for (int64_t unit = 0; unit < units; unit++) {
+            if (!scratch) continue;
             int64_t c = 0, first = 0, blocks = 0;
             for (;; c++) { /* the chunk holding this unit */
                 blocks = (chunks[4 * c + 1] + tokens_in - 1) / tokens_in;
@@ -664,6 +676,7 @@ void axon_paged_prefill_attention(const float *q, int64_t ldq, const void *k_cac
         }
         free(scratch);
     }
+    return failed ? -2 : 0;
 }
 
 /* ---- gated activations -------------------------------------------------------------------- */

@@ -43,6 +43,8 @@ def _library() -> ctypes.CDLL | None:
         *(ptr, i64, ptr, ptr, ptr, ptr, i64),
         *(i64, i64, i64, f32, f32, i64, ptr, i32, i32),
     ]
+    lib.axon_paged_decode_attention.restype = i32
+    lib.axon_paged_prefill_attention.restype = i32
     return lib
 
 
@@ -128,13 +130,15 @@ def paged_decode_attention(
     threads = torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
     scratch = torch.empty(threads * heads * width, dtype=torch.float32)
     out = torch.empty_like(q)
-    _library().axon_paged_decode_attention(
+    status = _library().axon_paged_decode_attention(
         q.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
         key_slots.data_ptr(), width,
         context_lens.data_ptr(), batch, heads, k_cache.shape[1], head_dim, scale,
         softcap or 0.0, window or 0, out.data_ptr(), scratch.data_ptr(), threads,
         int(k_cache.dtype == torch.float16),
     )  # fmt: skip
+    if status:
+        raise MemoryError("paged_decode_attention: no memory for the float16 cache's rows")
     return out
 
 
@@ -156,11 +160,13 @@ def paged_prefill_attention(
         q = q.contiguous()
     work = int(chunks[:, 1].mul(chunks[:, 2]).sum()) * heads * head_dim
     threads = torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
-    _library().axon_paged_prefill_attention(
+    status = _library().axon_paged_prefill_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
         chunks.data_ptr(), chunks.shape[0], heads, k_cache.shape[1], head_dim, scale,
         softcap or 0.0, window or 0, out.data_ptr(), threads, int(k_cache.dtype == torch.float16),
     )  # fmt: skip
+    if status:
+        raise MemoryError("paged_prefill_attention: no memory for a thread's scratch")
     return out
 
 

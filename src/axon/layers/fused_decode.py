@@ -121,7 +121,9 @@ def _run(layer, positions: torch.Tensor, hidden: torch.Tensor, attention_only: b
     decode = lib.axon_decode_attention if attention_only else lib.axon_decode_layer
     status = decode(spec, hidden.data_ptr(), tokens, *arguments, scratch.data_ptr(), threads)
     if status == -2:
-        raise MemoryError("axon_decode_layer: no memory for the 8-bit activations")
+        raise MemoryError(
+            "axon_decode_layer: no memory for the 8-bit activations or the float16 cache's rows"
+        )
     if status != 0:
         raise RuntimeError("axon_decode_layer rejected a layer's weights")
     return hidden
