@@ -107,7 +107,22 @@ static int pk_of(int type) { return type == Q4_K_PANELS ? 1 : 2; }
 #if PACKED_TOKENS < 1
 #error "one token always reads packed panels where they lie (run_work has no scratch panels then)"
 #endif
-#define TILE 6  /* tokens per tile: a loaded weight vector serves 6 tokens (4: Q8_0 ran ~1/3 slower) */
+/* The 512-bit tiles (two panels a vector, below): with AVX-512 VNNI, not on AMD: GCC 12.2 tells a
+ * Zen 4 from native as znver3 (plus its AVX-512), later GCCs as znver4 (Zen 3 has no AVX-512, so
+ * the znver3 test only catches a Zen 4). */
+#if defined(Q8_VNNI) && defined(__AVX512BW__) && !defined(__znver3__) && !defined(__znver4__) && \
+    !defined(__znver5__)
+#define TILE_512 1
+#endif
+/* Tokens per tile: a loaded weight vector serves up to TILE tokens (4: Q8_0 ran ~1/3 slower). The
+ * 512-bit tiles hold 8: their 3 x 8 accumulators fit the 32 registers, and 16 tokens (c16
+ * decode) take two passes over a unit instead of three (Q6_K LM head at 16 tokens 1.07-1.09x,
+ * 8 tokens 1.16x, same bits); the 256-bit tiles keep 6. */
+#ifdef TILE_512
+#define TILE 8
+#else
+#define TILE 6
+#endif
 #define NOINLINE static __attribute__((noinline))
 #define INLINE static inline __attribute__((always_inline))
 
@@ -766,11 +781,7 @@ static inline void store_rows(__m256 v, float *y, int count) {
     memcpy(y, lanes, sizeof(float) * (size_t)count);
 }
 
-/* Not on AMD: GCC 12.2 tells a Zen 4 from native as znver3 (plus its AVX-512), later GCCs as
- * znver4 (Zen 3 has no AVX-512, so the znver3 test only catches a Zen 4). */
-#if defined(Q8_VNNI) && defined(__AVX512BW__) && !defined(__znver3__) && !defined(__znver4__) && \
-    !defined(__znver5__)
-#define TILE_512 1
+#ifdef TILE_512
 /* Two panels in one 512-bit vector (panel 0's 8 rows in the low half, panel 1's in the high):
  * the tiles of full units (16 rows) below. Every lane does the same integer and float steps as
  * in the 256-bit tiles, so the bits are the same. Zen 4 splits a 512-bit multiply in two, so it
@@ -1172,21 +1183,20 @@ static void tile_32(const Panel *pn, int NG, int T, int SIGNED, int64_t blocks, 
     }
 TILE_FNS(1, 1) TILE_FNS(1, 2) TILE_FNS(1, 3) TILE_FNS(1, 4) TILE_FNS(1, 5) TILE_FNS(1, 6)
 TILE_FNS(2, 1) TILE_FNS(2, 2) TILE_FNS(2, 3) TILE_FNS(2, 4) TILE_FNS(2, 5) TILE_FNS(2, 6)
+#if TILE == 8
+TILE_FNS(1, 7) TILE_FNS(1, 8) TILE_FNS(2, 7) TILE_FNS(2, 8)
+#define TILE_ROW(K, NG) {K##_##NG##_1, K##_##NG##_2, K##_##NG##_3, K##_##NG##_4, K##_##NG##_5, \
+                         K##_##NG##_6, K##_##NG##_7, K##_##NG##_8}
+#else
+#define TILE_ROW(K, NG) {K##_##NG##_1, K##_##NG##_2, K##_##NG##_3, K##_##NG##_4, K##_##NG##_5, \
+                         K##_##NG##_6}
+#endif
 
 enum { KIND_K8, KIND_K4, KIND_SIGNED, KIND_BIASED, KIND_P4, KIND_P6 };
 static const tile_fn TILES[6][UNIT][TILE] = {
-    {{k8_1_1, k8_1_2, k8_1_3, k8_1_4, k8_1_5, k8_1_6},
-     {k8_2_1, k8_2_2, k8_2_3, k8_2_4, k8_2_5, k8_2_6}},
-    {{k4_1_1, k4_1_2, k4_1_3, k4_1_4, k4_1_5, k4_1_6},
-     {k4_2_1, k4_2_2, k4_2_3, k4_2_4, k4_2_5, k4_2_6}},
-    {{s_1_1, s_1_2, s_1_3, s_1_4, s_1_5, s_1_6},
-     {s_2_1, s_2_2, s_2_3, s_2_4, s_2_5, s_2_6}},
-    {{b_1_1, b_1_2, b_1_3, b_1_4, b_1_5, b_1_6},
-     {b_2_1, b_2_2, b_2_3, b_2_4, b_2_5, b_2_6}},
-    {{p4_1_1, p4_1_2, p4_1_3, p4_1_4, p4_1_5, p4_1_6},
-     {p4_2_1, p4_2_2, p4_2_3, p4_2_4, p4_2_5, p4_2_6}},
-    {{p6_1_1, p6_1_2, p6_1_3, p6_1_4, p6_1_5, p6_1_6},
-     {p6_2_1, p6_2_2, p6_2_3, p6_2_4, p6_2_5, p6_2_6}},
+    {TILE_ROW(k8, 1), TILE_ROW(k8, 2)}, {TILE_ROW(k4, 1), TILE_ROW(k4, 2)},
+    {TILE_ROW(s, 1), TILE_ROW(s, 2)},   {TILE_ROW(b, 1), TILE_ROW(b, 2)},
+    {TILE_ROW(p4, 1), TILE_ROW(p4, 2)}, {TILE_ROW(p6, 1), TILE_ROW(p6, 2)},
 };
 
 static int kind_of(int type) {
@@ -1611,8 +1621,10 @@ static void run_unit(const Call *c, int p, int64_t n0, int64_t column, Panel *pn
         }
         decode_panel(type, c->ws[p] + first * row_bytes, row_bytes, count[panels], blocks, pn + panels, ahead);
     }
-    for (int64_t t0 = t_begin; t0 < t_end; t0 += TILE) {
-        const int tt = (int)(t_end - t0 < TILE ? t_end - t0 : TILE);
+    /* tokens in passes of at most TILE, evened out (12 as 6 + 6, not 8 + 4) */
+    int64_t passes = (t_end - t_begin + TILE - 1) / TILE;
+    for (int64_t t0 = t_begin, tt; t0 < t_end; t0 += tt, passes--) {
+        tt = (t_end - t0 + passes - 1) / passes;
         Token x[TILE];
         for (int t = 0; t < tt; t++) x[t] = token_of(c, type, t0 + t);
         TILES[kind][panels - 1][tt - 1](pn, blocks, x, c->y + t0 * c->ldy + column + n0, c->ldy, count);
