@@ -25,11 +25,7 @@ INT8_HELP = (
     "quantizes activations to 8 bits per block (llama.cpp's Q8_K / Q8_0) and uses integer dot "
     "products (default: float32, exact)"
 )
-KV_DTYPES = ("auto", "float32", "float16", "bfloat16")
-KV_DTYPE_HELP = (
-    "the KV cache's element type; auto (default): float16 with --activation-precision int8 "
-    "(half the bytes a decode step reads, as llama.cpp's default cache), else the model's dtype"
-)
+KV_DTYPE_HELP = "KV cache element type; auto (default): float16 with int8 activations, else dtype's"
 ADAPTIVE_HELP = (
     "CPU: run n or n - 1 OpenMP threads, whichever steps faster (a core busy with another "
     "process); OMP_NUM_THREADS turns it off (default: on)"
@@ -133,7 +129,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="KV cache size in bytes; binary suffixes allowed: 512M, 2G",
     )
     group.add_argument("--activation-precision", choices=("float32", "int8"), help=INT8_HELP)
-    group.add_argument("--kv-cache-dtype", choices=KV_DTYPES, help=KV_DTYPE_HELP)
+    group.add_argument("--kv-cache-dtype", choices=DTYPES, help=KV_DTYPE_HELP)
     group.add_argument(
         "--adaptive-threads",
         action=argparse.BooleanOptionalAction,

@@ -5,8 +5,6 @@ and past MAX_TOKENS (dequantized panels). The int4 fallback keeps its own bf16 b
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ from axon.kernels import build, ggml_cpu
 from axon.kernels.ggml_dequant import dequantize_rows_ref
 from axon.kernels.ggml_int4 import INT4_TYPES, int4_matmul, repack_int4
 from axon.layers.quantized import QuantizedMatmul, QuantizedTensor, matmul_ref
+from c_builds import AVX2, PORTABLE, build_variant
 from quant.test_dequant import COLS, FAST_PATH_RTOL, ROWS, _raw
 
 pytestmark = pytest.mark.skipif(not ggml_cpu.available(), reason="no C compiler")
@@ -193,13 +192,7 @@ def _has_avx512_vnni() -> bool:
 @pytest.fixture(scope="module")
 def avx2_library(tmp_path_factory):
     """ggml_cpu.c (which stands alone) built for this CPU without AVX-512."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    target = tmp_path_factory.mktemp("avx2") / "ggml_cpu.so"
-    flags = ["-O2", "-march=native", "-mno-avx512f", "-fopenmp", "-fPIC", "-shared"]
-    subprocess.run([compiler, *flags, str(build.SOURCES[0]), "-o", str(target), "-lm"], check=True)
-    lib = ctypes.CDLL(str(target))
+    lib = build_variant(build.SOURCES[0], AVX2, tmp_path_factory, "avx2")
     lib.axon_ggml_matmul.argtypes = ggml_cpu._library().axon_ggml_matmul.argtypes
     return lib
 
@@ -207,13 +200,7 @@ def avx2_library(tmp_path_factory):
 @pytest.fixture(scope="module")
 def portable_library(tmp_path_factory):
     """ggml_cpu.c built for the baseline ISA: its plain C loops (no AVX2)."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    target = tmp_path_factory.mktemp("portable") / "ggml_cpu.so"
-    flags = ["-O2", "-fopenmp", "-fPIC", "-shared"]
-    subprocess.run([compiler, *flags, str(build.SOURCES[0]), "-o", str(target), "-lm"], check=True)
-    return ctypes.CDLL(str(target))
+    return build_variant(build.SOURCES[0], PORTABLE, tmp_path_factory, "portable")
 
 
 @pytest.mark.parametrize("variant", ["avx2_library", "portable_library"])

@@ -6,10 +6,6 @@ causal triangle and the window, GQA groups on and off the kernel's rows)."""
 
 from __future__ import annotations
 
-import ctypes
-import platform
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +15,7 @@ from axon.kernels import cpu_ops
 from axon.layers.attention import attend_ref
 from axon.layers.norm import rms_norm_ref
 from axon.layers.rotary import RotaryEmbedding
+from c_builds import AVX2, PORTABLE, build_variant
 
 pytestmark = pytest.mark.skipif(not cpu_ops.usable(torch.zeros(1)), reason="no C compiler")
 RTOL = 1e-5
@@ -274,18 +271,9 @@ def test_cache_write_rounds_into_a_float16_cache_as_torch_does():
 def other_build(request, tmp_path_factory):
     """cpu_ops.c (which stands alone) built without AVX-512 (eight-lane vectors, the smaller
     tiles) and for the baseline ISA."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    flags = ["-O2", "-fopenmp", "-fPIC", "-shared"]
-    if request.param == "avx2":
-        if platform.machine() not in ("x86_64", "AMD64"):
-            pytest.skip("not an x86 CPU")
-        flags += ["-march=native", "-mno-avx512f"]
-    target = tmp_path_factory.mktemp(request.param) / "cpu_ops.so"
+    flags = AVX2 if request.param == "avx2" else PORTABLE
     source = Path(cpu_ops.__file__).with_name("cpu_ops.c")
-    subprocess.run([compiler, *flags, str(source), "-o", str(target), "-lm"], check=True)
-    lib = ctypes.CDLL(str(target))
+    lib = build_variant(source, flags, tmp_path_factory, request.param)
     function = cpu_ops._library().axon_paged_prefill_attention
     lib.axon_paged_prefill_attention.argtypes = function.argtypes
     return lib

@@ -55,7 +55,7 @@ class EngineArgs(BaseModel):
     # "int8": 8-bit activations for every step on GGUF weights (EngineConfig).
     activation_precision: Literal["float32", "int8"] | None = None
     # The KV cache's element type; "auto": float16 with int8 activations, else the model's.
-    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16"] | None = None
+    kv_cache_dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
     # CPU: n or n - 1 OpenMP threads, whichever steps faster (runner/adaptive_threads.py).
     adaptive_threads: bool | None = None
 

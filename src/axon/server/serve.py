@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 
-from axon.cli import ADAPTIVE_HELP, INT8_HELP, KV_DTYPE_HELP, KV_DTYPES
+from axon.cli import ADAPTIVE_HELP, DTYPES, INT8_HELP, KV_DTYPE_HELP
 from axon.server.config import ServerConfig, load_config
 from axon.server.early_engine import spawn_first_model
 from axon.server.multinode import (
@@ -120,7 +120,7 @@ def _add_engine_args(group) -> None:
         "the checkpoint has a sentence-transformers pooling config",
     )
     group.add_argument("--activation-precision", choices=("float32", "int8"), help=INT8_HELP)
-    group.add_argument("--kv-cache-dtype", choices=KV_DTYPES, help=KV_DTYPE_HELP)
+    group.add_argument("--kv-cache-dtype", choices=DTYPES, help=KV_DTYPE_HELP)
     group.add_argument(
         "--adaptive-threads",
         action=argparse.BooleanOptionalAction,
