@@ -93,14 +93,12 @@ class Sequence:
         # draws the same tokens whatever else shares its batch.
         seed = sampling_params.seed
         self.seed = seed if seed is not None else random.getrandbits(62)
-        self.output_logprobs: list[dict] = []
         self.num_preemptions = 0
         self.last_served = 0  # the scheduler's `num_served` when it last gave this sequence tokens
         self.fork_parent: Sequence | None = None  # for n > 1: the sample whose prompt we share
         # Structured output: the grammar matcher, which has consumed exactly the output tokens
         # (kept across preemption, since recompute keeps the tokens).
         self.grammar = None
-        self.arrival_order = self.seq_id
         self.images = images
         # Embedding requests: "last" or "mean" pools the prompt's final hidden states into the
         # sequence's output instead of sampling; it finishes when its prompt is computed.
@@ -129,10 +127,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
-    @property
-    def last_token_id(self) -> int:
-        return self.token_ids[-1]
-
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
@@ -142,9 +136,6 @@ class Sequence:
         start = max(self.num_computed_tokens, self.max_num_computed_tokens)
         end = min(self.num_computed_tokens + num_new, self.num_prompt_tokens)
         return max(0, end - start)
-
-    def num_blocks_needed(self, num_tokens: int, block_size: int) -> int:
-        return (num_tokens + block_size - 1) // block_size
 
     def block_token_ids(self, block_index: int, block_size: int) -> list[int]:
         start = block_index * block_size

@@ -57,9 +57,13 @@ def test_int8_reaches_the_experts_and_stays_close(checkpoint, gguf_files):  # no
 def _greedy(engine: EngineCore, prompts: list[list[int]]) -> list:
     params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logprobs=3)
     seqs = [engine.add_request(f"g-{i}", p, params)[0] for i, p in enumerate(prompts)]
+    logprobs: dict[str, list] = {f"g-{i}": [] for i in range(len(prompts))}
     while not all(seq.is_finished for seq in seqs):
-        engine.step()
-    return [(seq.output_token_ids, seq.output_logprobs) for seq in seqs]
+        for update in engine.step():
+            if update.logprobs is not None:
+                lp = update.logprobs
+                logprobs[update.request_id].append((lp.token_id, lp.logprob, lp.rank, lp.top))
+    return [(seq.output_token_ids, logprobs[f"g-{i}"]) for i, seq in enumerate(seqs)]
 
 
 def test_int8_greedy_does_not_depend_on_the_batch(checkpoint, gguf_files):  # noqa: F811
@@ -68,7 +72,14 @@ def test_int8_greedy_does_not_depend_on_the_batch(checkpoint, gguf_files):  # no
     for prompt, batched in zip(GREEDY_PROMPTS, together, strict=True):
         engine.reset_prefix_cache()
         (alone,) = _greedy(engine, [prompt])
-        assert alone == batched, f"prompt of {len(prompt)}"
+        assert alone[0] == batched[0], f"prompt of {len(prompt)}"
+        # The int8 tiles sum a different number of tokens per pass as the batch changes, so
+        # the log-probabilities agree to rounding, not to the bit.
+        for got, want in zip(alone[1], batched[1], strict=True):
+            assert got[0] == want[0] and got[2] == want[2]
+            assert got[1] == pytest.approx(want[1], abs=1e-4)
+            assert [t for t, _ in got[3]] == [t for t, _ in want[3]]
+            assert [v for _, v in got[3]] == pytest.approx([v for _, v in want[3]], abs=1e-4)
 
 
 @pytest.mark.parametrize("precision", ["float32", "int8"])

@@ -103,10 +103,6 @@ class OutputParser:
         self.reasoning = reasoning
         self.tools = tools
 
-    @property
-    def num_tool_calls(self) -> int:
-        return self.tools.num_calls if self.tools is not None else 0
-
     def feed(self, text: str) -> list[Event]:
         if not text:
             return []

@@ -29,7 +29,6 @@ class ReasoningParser:
         self.start, self.end = start, end
         self.mode = _REASONING if in_reasoning else _START
         self.buffer = ""
-        self.saw_reasoning = in_reasoning
         self._reasoning_begun = False  # a non-space reasoning character has been emitted
         self._pending_space = ""  # trailing whitespace of the reasoning so far
 
@@ -65,7 +64,7 @@ class ReasoningParser:
         stripped = self.buffer.lstrip()
         if stripped.startswith(self.start):
             self.buffer = stripped[len(self.start) :]
-            self.mode, self.saw_reasoning = _REASONING, True
+            self.mode = _REASONING
             return True
         if not final and self.start.startswith(stripped):
             return False  # still could be `<think>`
