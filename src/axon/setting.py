@@ -82,8 +82,8 @@ def parse_mm_limits(text: str) -> dict[str, int]:
 class SettingError(ValueError):
     """A refused value: "<name> <rule>, got <value>"."""
 
-    def __init__(self, name: str, rule: str, value: Any):
-        super().__init__(f"{name} {rule}, got {value!r}")
+    def __init__(self, name: str, rule: str, value: Any, message: str | None = None):
+        super().__init__(message or f"{name} {rule}, got {value!r}")
         self.rule, self.value = rule, value
 
 
@@ -125,7 +125,8 @@ class Setting:
             try:
                 value = self.parse(value)
             except ValueError as exc:
-                raise SettingError(self.name, f"is not valid ({exc})", value) from None
+                rule, message = f"is not valid ({exc})", f"{self.name}: {exc}"
+                raise SettingError(self.name, rule, value, message) from None
         typed = _typed(self.kind, value)
         if typed is _REFUSED:
             raise SettingError(self.name, _KIND_RULES[self.kind], value)

@@ -113,7 +113,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("chat_template", str, None, "Jinja (or JSON) template file for MODEL's chats",
             _MODEL, _not_empty, "must not be empty", metavar="FILE"),
     Setting("tensor_parallel_size", int, 1, "ranks that shard the model (rank 0 in the engine "
-            "process, the others spawned; gloo on CPU, NCCL on CUDA)", (GENERATE, *_MODEL, LLM),
+            "process, the others spawned)", (GENERATE, *_MODEL, LLM),
             *_GE1, load_name="tensor_parallel"),
     Setting("devices", list, None, "GPU indices the model's engine sees (CUDA_VISIBLE_DEVICES)",
             (SPEC,), _int_list, "must be a list of integers", annotation=list[int]),
@@ -192,9 +192,13 @@ def add_flags(group: Any, settings: Iterable[Setting], fill_defaults: bool = Fal
             flag,
             type=_flag_type(setting),
             default=default,
-            metavar="{" + ",".join(listed) + "}" if listed else setting.metavar,
+            metavar="{" + ",".join(listed) + "}" if listed else _metavar(setting),
             help=_help(setting),
         )
+
+
+def _metavar(setting: Setting) -> str | None:
+    return setting.metavar or ("N" if setting.kind is int else None)
 
 
 def _help(setting: Setting) -> str:
