@@ -187,14 +187,12 @@ def add_flags(group: Any, settings: Iterable[Setting], fill_defaults: bool = Fal
             group.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
             group.set_defaults(**{setting.name: default})
             continue
-        listed = setting.shown or setting.choices
-        group.add_argument(
-            flag,
-            type=_flag_type(setting),
-            default=default,
-            metavar="{" + ",".join(listed) + "}" if listed else _metavar(setting),
-            help=_help(setting),
-        )
+        if setting.choices is not None:  # argparse's "invalid choice" names the choices
+            listed = "{" + ",".join(setting.shown or setting.choices) + "}"
+            kind = {"choices": setting.choices, "metavar": listed}
+        else:
+            kind = {"type": _flag_type(setting), "metavar": _metavar(setting)}
+        group.add_argument(flag, default=default, help=_help(setting), **kind)
 
 
 def _metavar(setting: Setting) -> str | None:
