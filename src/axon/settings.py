@@ -30,16 +30,22 @@ from axon.setting import (
     parse_size,
 )
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "SETTINGS", "TABLE", "add_flags", "engine_kwargs", "select"]
+__all__ = [  # the table's own names, and those of setting.py its users need
+    "DTYPES", "DTYPE_NAMES", "ENGINE", "EVERYWHERE", "GENERATE", "LLM", "SERVE", "SETTINGS",
+    "SPEC", "TABLE", "Setting", "add_flags", "engine_kwargs", "parse_mm_limits", "parse_size",
+    "select",
+]  # fmt: skip
 
 _DTYPE_RULE = f"must be auto or one of {sorted(DTYPE_NAMES)}"
 _DTYPE_SHOWN = ("auto", "float32", "bfloat16", "float16")  # --help leaves the short forms out
 _MODEL = (SERVE, SPEC)  # what to load for one model: `axon serve MODEL` and a load spec
 _NODES = (SERVE, LLM)  # multi-host tensor parallelism: `axon serve`'s multinode flags
+_MAX_IMAGES = 16
 
 
-def _at_least(low: float) -> Callable[[Any], bool]:
-    return lambda value: value >= low
+def _min(low: int) -> dict[str, Any]:
+    """The check and rule of a setting that is at least `low`."""
+    return {"check": lambda value: value >= low, "rule": f"must be >= {low}"}
 
 
 def _not_empty(value: str) -> bool:
@@ -59,7 +65,6 @@ def _int_list(values: list) -> bool:
     return all(type(value) is int for value in values)
 
 
-_GE1, _GE2 = (_at_least(1), "must be >= 1"), (_at_least(2), "must be >= 2")
 _INT8_HELP = (
     "int8: every step (prefill, batch-1 and multi-stream decode, MoE experts) on GGUF weights "
     "quantizes activations to 8 bits per block (llama.cpp's Q8_K / Q8_0) and uses integer dot "
@@ -71,25 +76,26 @@ TABLE: tuple[Setting, ...] = (
     Setting("dtype", str, "auto", "weight and compute dtype (auto: float32 on CPU, the "
             "checkpoint's dtype or bfloat16 on GPU)", EVERYWHERE, choices=DTYPES,
             shown=_DTYPE_SHOWN, rule=_DTYPE_RULE, cli_default=True),
-    Setting("block_size", int, 16, "tokens per KV block", EVERYWHERE, *_GE1, cli_default=True),
+    Setting("block_size", int, 16, "tokens per KV block", EVERYWHERE, **_min(1), cli_default=True),
     Setting("max_model_len", int, None, "longest prompt + output (default: the model's "
-            "context, capped by the KV cache)", EVERYWHERE, *_GE2),
-    Setting("max_num_seqs", int, 64, "sequences per engine step", EVERYWHERE, *_GE1),
+            "context, capped by the KV cache)", EVERYWHERE, **_min(2)),
+    Setting("max_num_seqs", int, 64, "sequences per engine step", EVERYWHERE, **_min(1)),
     Setting("max_num_batched_tokens", int, 2048, "token budget of one engine step",
-            EVERYWHERE, *_GE1),
+            EVERYWHERE, **_min(1)),
     Setting("enable_prefix_caching", bool, True, "reuse the KV blocks of a shared prompt prefix",
             EVERYWHERE, cli_default=True),
     Setting("kv_cache_memory", int, None, "KV cache size in bytes, instead of a fraction of "
             "free memory; binary suffixes allowed: 512M, 2G", EVERYWHERE, lambda v: v > 0,
             "must be > 0", parse=parse_size, metavar="BYTES"),
-    Setting("limit_mm_per_prompt", dict, None, "images per request (default 16); image=0 loads "
-            "a vision model text-only", EVERYWHERE, _limits_ok, "must be image=N with N >= 0",
+    Setting("limit_mm_per_prompt", dict, None, f"images per request (default {_MAX_IMAGES}); "
+            "image=0 loads a vision model text-only", EVERYWHERE, _limits_ok,
+            "must be image=N with N >= 0",
             parse=parse_mm_limits, annotation=dict[Literal["image"], int],
             to_engine=_images, metavar="image=N"),
     # It lowers the top of the checkpoint's pixel band (Qwen3.5's reaches 16M pixels), and the
     # memory plan reserves the vision tower's activations for the largest image it allows.
     # None (LLM only): the checkpoint's band.
-    Setting("max_image_pixels", int, 1 << 20, "pixels of a resized image", EVERYWHERE, *_GE1,
+    Setting("max_image_pixels", int, 1 << 20, "pixels of a resized image", EVERYWHERE, **_min(1),
             nullable=True),
     Setting("image_profile", str, "native", "native: the checkpoint's resize band; fixed448: "
             "neuron's, every image resized to 448x448", EVERYWHERE,
@@ -114,15 +120,15 @@ TABLE: tuple[Setting, ...] = (
             _MODEL, _not_empty, "must not be empty", metavar="FILE"),
     Setting("tensor_parallel_size", int, 1, "ranks that shard the model (rank 0 in the engine "
             "process, the others spawned)", (GENERATE, *_MODEL, LLM),
-            *_GE1, load_name="tensor_parallel"),
+            **_min(1), load_name="tensor_parallel"),
     Setting("devices", list, None, "GPU indices the model's engine sees (CUDA_VISIBLE_DEVICES)",
             (SPEC,), _int_list, "must be a list of integers", annotation=list[int]),
     # ---- multi-host tensor parallelism: node 0 runs the engine (rank 0), the others
     # `axon serve --headless`; every rank meets in the TCP store at master_addr:master_port
     Setting("nnodes", int, 1, "hosts MODEL's ranks span (tensor_parallel_size / nnodes "
-            "consecutive ranks each)", _NODES, *_GE1),
+            "consecutive ranks each)", _NODES, **_min(1)),
     Setting("node_rank", int, 0, "this host's index; node 0 serves HTTP", _NODES,
-            _at_least(0), "must be >= 0"),
+            **_min(0)),
     Setting("master_addr", str, "127.0.0.1", "node 0's address (its TCP store)", _NODES),
     Setting("master_port", int, 29500, "node 0's TCP store port", _NODES,
             lambda v: 0 < v < 65536, "must be in [1, 65535]"),
@@ -133,14 +139,15 @@ TABLE: tuple[Setting, ...] = (
     Setting("kv_cache_memory_fraction", float, 0.9, "KV cache share of free device memory "
             "(GPU; CPU uses a fixed cap)", (LLM,), lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
     Setting("state_snapshot_stride", int, 16, "hybrid (Gated DeltaNet) models with prefix "
-            "caching: the recurrent state is snapshotted every this many blocks", (LLM,), *_GE1),
+            "caching: the recurrent state is snapshotted every this many blocks", (LLM,),
+            **_min(1)),
     Setting("num_state_snapshots", int, None, "the snapshot pool (default max_num_seqs), which "
             "shares the cache memory budget with the KV blocks and state slots", (LLM,),
-            _at_least(0), "must be >= 0"),
+            **_min(0)),
     Setting("enable_vision", bool, True, "False loads a multimodal checkpoint's text model "
             "only, skipping the vision tower's weights and memory", (LLM,)),
-    Setting("max_images_per_prompt", int, 16, "images per prompt; 0 loads the text model only "
-            "(limit_mm_per_prompt={'image': N})", (LLM,), _at_least(0), "must be >= 0"),
+    Setting("max_images_per_prompt", int, _MAX_IMAGES, "images per prompt; 0 loads the text "
+            "model only (limit_mm_per_prompt={'image': N})", (LLM,), **_min(0)),
     Setting("tp_allreduce", str, "shm", "CPU ranks on one host: shm (shared memory) or gloo; "
             "rank 0's value decides for the group", (LLM,), choices=("shm", "gloo"),
             parse=lambda text: text.strip().lower() or "shm", env="AXON_TP_ALLREDUCE"),
