@@ -1,5 +1,8 @@
 """Bodies of the node-management API (neuron's shapes): the ModelSpec that `POST /models/load`
-and `default_models` carry, and what `GET /models` returns."""
+and `default_models` carry, and what `GET /models` returns.
+
+EngineArgs and ModelSpec are built from the settings table (axon/settings.py): a field for each
+setting, converted and checked by the table's `Setting.convert`."""
 
 from __future__ import annotations
 
@@ -7,13 +10,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
-from axon import settings
 from axon.server.errors import BadRequest
 from axon.settings import ENGINE, SPEC, Setting, engine_kwargs, select
 
 HARNESS = "axon"
 ModelStatus = Literal["loading", "loaded", "poisoned", "recovering"]
-DTYPES = settings.DTYPES
 
 
 def _fits_the_host(value: int | None) -> int | None:
@@ -44,11 +45,17 @@ def _fields(chosen: list[Setting]) -> dict[str, Any]:
     return fields
 
 
-def _model(name: str, base: type[BaseModel], chosen: list[Setting]) -> Any:
+def _model(name: str, doc: str, base: type[BaseModel], chosen: list[Setting]) -> Any:
+    """The pydantic model `name`: `base` with a field for each of `chosen`."""
     convert = field_validator(*(s.field for s in chosen), mode="before")(_convert)
     validators = {f"_convert_{name}": convert}  # a subclass's own name: the base's stays
     return create_model(
-        name, __base__=base, __module__=__name__, __validators__=validators, **_fields(chosen)
+        name,
+        __base__=base,
+        __doc__=doc,
+        __module__=__name__,
+        __validators__=validators,
+        **_fields(chosen),
     )
 
 
@@ -68,9 +75,13 @@ class _EngineArgs(BaseModel):
         return engine_kwargs({name: getattr(self, name) for name in EngineArgs.model_fields})
 
 
-# Engine arguments under vLLM's names (the engine settings of settings.py); None leaves the
-# engine's (or the server's) default.
-EngineArgs = _model("EngineArgs", _EngineArgs, select(ENGINE))
+EngineArgs = _model(
+    "EngineArgs",
+    "Engine arguments under vLLM's names (the engine settings of settings.py); None leaves the "
+    "engine's (or the server's) default.",
+    _EngineArgs,
+    select(ENGINE),
+)
 
 
 class _ModelSpec(EngineArgs):
@@ -90,9 +101,13 @@ class _ModelSpec(EngineArgs):
             )
 
 
-# What to load: neuron's ModelSpec (model_id, harness and the one-model settings of
-# settings.py) plus axon's engine arguments.
-ModelSpec = _model("ModelSpec", _ModelSpec, select(SPEC, without=(ENGINE,)))
+ModelSpec = _model(
+    "ModelSpec",
+    "What to load: neuron's ModelSpec (model_id, harness and the one-model settings of "
+    "settings.py) plus axon's engine arguments.",
+    _ModelSpec,
+    select(SPEC, without=(ENGINE,)),
+)
 
 
 class UnloadRequest(BaseModel):
