@@ -1,4 +1,5 @@
-"""Engine configuration: frozen dataclasses built once and validated at the edge."""
+"""Engine configuration: frozen data built once and validated at the edge. Its fields, defaults
+and checks are the engine settings of axon/settings.py; the checks between settings are here."""
 
 from __future__ import annotations
 
