@@ -10,70 +10,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import sys
 from collections.abc import Callable, Iterable
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, TextIO
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+from axon.settings import GENERATE, add_flags, select
+from axon.settings import parse_size as parse_size  # the size grammar of --kv-cache-memory
+
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_MAX_TOKENS = 128
-INT8_HELP = (
-    "int8: every step (prefill, batch-1 and multi-stream decode, MoE experts) on GGUF weights "
-    "quantizes activations to 8 bits per block (llama.cpp's Q8_K / Q8_0) and uses integer dot "
-    "products (default: float32, exact)"
-)
-KV_DTYPE_HELP = "KV cache element type; auto (default): float16 with int8 activations, else dtype's"
-ADAPTIVE_HELP = (
-    "CPU: run n or n - 1 OpenMP threads, whichever steps faster (a core busy with another "
-    "process); OMP_NUM_THREADS turns it off (default: on)"
-)
-
-# Binary units: 512M is 512 MiB. An optional B or iB may follow (512MB, 512MiB, 100B).
-_SIZE_RE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?:(?P<unit>[kmgt])(?:i?b)?|b)?", re.I)
-_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-
-# Engine keyword arguments of `LLM(...)`, each filled from the flag of the same name.
-_ENGINE_KEYS = (
-    "dtype",
-    "block_size",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_prefix_caching",
-    "kv_cache_memory",
-    "tensor_parallel_size",
-    "activation_precision",
-    "kv_cache_dtype",
-    "adaptive_threads",
-)
-
-
-def parse_size(text: str) -> int:
-    """Returns the byte count that `text` names: "1024", "512M", "2G", "1.5GiB" (binary units).
-
-    Raises ValueError for anything else, or for a size that is not a whole number of bytes.
-    """
-    match = _SIZE_RE.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"not a size: {text!r} (examples: 1073741824, 512M, 2G)")
-    unit = (match.group("unit") or "").lower()
-    size = Fraction(match.group("number")) * _SIZE_UNITS[unit]
-    if size.denominator != 1:
-        raise ValueError(f"size {text!r} is not a whole number of bytes")
-    return int(size)
-
-
-def _size_arg(text: str) -> int:
-    try:
-        size = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 bytes, got {text!r}")
-    return size
+# The engine flags: the settings of axon/settings.py that `axon generate` and `axon chat` take,
+# each filling the `LLM(...)` keyword argument of the same name.
+_ENGINE_SETTINGS = select(GENERATE)
 
 
 def _number_arg(kind: type, check: Callable[[Any], bool], rule: str) -> Callable[[str], Any]:
@@ -100,41 +49,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Adds the engine flags (vLLM's names) to `parser`; `engine_args_from_namespace` reads them."""
     group = parser.add_argument_group("engine")
     group.add_argument("--model", required=True, help="local Hugging Face model directory")
-    group.add_argument(
-        "--dtype", choices=DTYPES, default="auto", help="weight and compute dtype (default: auto)"
-    )
-    group.add_argument(
-        "--block-size", type=_positive_int, default=16, help="tokens per KV block (default: 16)"
-    )
-    group.add_argument("--max-model-len", type=_positive_int, help="longest prompt + output")
-    group.add_argument("--max-num-seqs", type=_positive_int, help="sequences per engine step")
-    group.add_argument(
-        "--max-num-batched-tokens", type=_positive_int, help="token budget of one engine step"
-    )
-    group.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="reuse the KV blocks of a shared prompt prefix (default: on)",
-    )
-    group.add_argument(
-        "--tensor-parallel-size",
-        type=_positive_int,
-        help="ranks that shard the model (rank 0 here, the others spawned; default: 1)",
-    )
-    group.add_argument(
-        "--kv-cache-memory",
-        type=_size_arg,
-        metavar="BYTES",
-        help="KV cache size in bytes; binary suffixes allowed: 512M, 2G",
-    )
-    group.add_argument("--activation-precision", choices=("float32", "int8"), help=INT8_HELP)
-    group.add_argument("--kv-cache-dtype", choices=DTYPES, help=KV_DTYPE_HELP)
-    group.add_argument(
-        "--adaptive-threads",
-        action=argparse.BooleanOptionalAction,
-        help=ADAPTIVE_HELP,
-    )
+    add_flags(group, _ENGINE_SETTINGS, fill_defaults=True)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -216,7 +131,8 @@ def engine_args_from_namespace(ns: argparse.Namespace) -> dict[str, Any]:
 
     Flags left unset are left out, so the engine's own defaults apply to them.
     """
-    return {key: getattr(ns, key) for key in _ENGINE_KEYS if getattr(ns, key, None) is not None}
+    values = {setting.name: getattr(ns, setting.name, None) for setting in _ENGINE_SETTINGS}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def sampling_kwargs_from_namespace(ns: argparse.Namespace) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 CPU ranks on one host all-reduce (and all-gather) through a shared-memory segment
 (`shm_allreduce`); gloo carries what does not fit it, ranks on several hosts, and everything
-when `AXON_TP_ALLREDUCE=gloo`. CUDA ranks use NCCL."""
+when the `tp_allreduce` setting (`AXON_TP_ALLREDUCE`) is gloo. CUDA ranks use NCCL."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 from axon.distributed.shm_allreduce import ShmCommunicator, open_shared, round_slot
+from axon.settings import SETTINGS
 
-ALLREDUCE_ENV = "AXON_TP_ALLREDUCE"
+ALLREDUCE_ENV = SETTINGS["tp_allreduce"].env
 DEFAULT_REDUCE_BYTES = 8 << 20  # 2,048 tokens x 1,024 hidden x fp32
 MAX_REDUCE_BYTES = 64 << 20  # per slot; larger reduces (long prefill chunks) go over gloo
 
@@ -30,12 +31,9 @@ _CONTROL: dist.ProcessGroup | None = None
 
 
 def allreduce_backend(environ=os.environ) -> str:
-    """`AXON_TP_ALLREDUCE`: "shm" (the default: shared memory when every rank is a CPU rank on
-    this host) or "gloo". Rank 0's value decides for the group. Raises ValueError naming it."""
-    value = environ.get(ALLREDUCE_ENV, "shm").strip().lower() or "shm"
-    if value not in ("shm", "gloo"):
-        raise ValueError(f"{ALLREDUCE_ENV} must be shm or gloo, got {value!r}")
-    return value
+    """`AXON_TP_ALLREDUCE` (the `tp_allreduce` engine setting): "shm" (the default: shared memory
+    when every rank is a CPU rank on this host) or "gloo". Raises ValueError naming it."""
+    return SETTINGS["tp_allreduce"].from_env(environ)
 
 
 def set_tp_group(group: dist.ProcessGroup | None) -> None:
@@ -64,6 +62,7 @@ def init_tp_group(
     timeout_s: float,
     max_reduce_bytes: int = DEFAULT_REDUCE_BYTES,
     control_ranks: list[int] | None = None,
+    allreduce: str | None = None,
 ) -> None:
     """Join the tensor-parallel group through the rendezvous `store_path` and make it the TP
     group: a file store (private to one engine, so two engines on a host never meet) or, for
@@ -71,7 +70,8 @@ def init_tp_group(
     until every rank has joined; `timeout_s` bounds that wait and every collective after it.
     CPU ranks also map the shared-memory segment, sized by rank 0's `max_reduce_bytes` (the
     largest reduce: hidden size x max batched tokens x dtype size). `control_ranks` (rank 0
-    and the ranks on other hosts) also makes the gloo group their step input travels on."""
+    and the ranks on other hosts) also makes the gloo group their step input travels on.
+    `allreduce`: rank 0's `tp_allreduce` setting (None: read from the environment)."""
     global _SHM, _CONTROL
     backend = "nccl" if device.type == "cuda" else "gloo"
     store = open_store(store_path, rank, world_size, timeout_s)
@@ -85,7 +85,7 @@ def init_tp_group(
     set_tp_group(dist.group.WORLD)
     if device.type == "cpu" and world_size > 1:
         # Every CPU rank takes part; rank 0's setting decides (0 bytes: no segment, gloo).
-        wanted = rank != 0 or allreduce_backend() == "shm"
+        wanted = rank != 0 or (allreduce or allreduce_backend()) == "shm"
         slot_bytes = round_slot(min(max_reduce_bytes, MAX_REDUCE_BYTES)) if wanted else 0
         _SHM = open_shared(store, rank, world_size, slot_bytes, timeout_s)
     if control_ranks is not None:  # every rank makes it (new_group is collective)

@@ -38,22 +38,13 @@ from collections.abc import Callable
 import torch
 
 from axon.distributed import multinode
+from axon.settings import SETTINGS
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-STEP_TIMEOUT_ENV = "AXON_TP_STEP_TIMEOUT_S"
+STEP_TIMEOUT_ENV = SETTINGS["tp_step_timeout_s"].env
 STORE_PREFIX = "axon-tp-"
-
-
-def step_timeout_s(environ=os.environ) -> float:
-    """Deadline of one collective (neuron's NEURON_TP_STEP_TIMEOUT_S): `AXON_TP_STEP_TIMEOUT_S`,
-    default 120; 0 or a value that is not a number means the default."""
-    try:
-        value = float(environ.get(STEP_TIMEOUT_ENV, "120"))
-    except ValueError:
-        return 120.0
-    return value if value > 0 else 120.0
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -28,6 +28,9 @@ PromptType = str | dict
 
 class LLM:
     def __init__(self, model: str, tokenizer: str | None = None, **engine_args):
+        """Loads `model`. `engine_args`: the settings of axon/settings.py that LLM takes (vLLM's
+        names: max_model_len, kv_cache_memory="2G", ...); an unknown name or a bad value is a
+        ValueError, raised before anything loads."""
         self.config = EngineConfig.from_kwargs(str(model), tokenizer=tokenizer, **engine_args)
         self.engine = EngineCore(self.config)
         self.tokenizer = load_tokenizer(self.config.tokenizer or self.config.model)

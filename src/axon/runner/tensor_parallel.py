@@ -32,7 +32,6 @@ from axon.distributed.workers import (
     TPWorkers,
     die_with_parent,
     move_tensors,
-    step_timeout_s,
 )
 from axon.loader import is_gguf, iterate_weights
 from axon.loader.gguf import iterate_gguf_file, tp_split_problem
@@ -147,7 +146,7 @@ def start_ranks(config: EngineConfig, hf_config, device: torch.device) -> TPWork
             "this process already holds a tensor-parallel group (another engine's): run one "
             "tensor-parallel engine per process (the server gives each model its own)"
         )
-    timeout = step_timeout_s()
+    timeout = config.tp_step_timeout_s
     level = logging.getLogger().getEffectiveLevel()
     args = (config, torch.get_num_threads(), level, timeout)
     local, rendezvous = multinode.ranks_per_node(config), multinode.rendezvous(config)
@@ -160,7 +159,9 @@ def start_ranks(config: EngineConfig, hf_config, device: torch.device) -> TPWork
             * config.torch_dtype(hf_config).itemsize
         )
         size, control = config.tensor_parallel_size, multinode.control_ranks(config)
-        init_tp_group(workers.store_path, 0, size, device, timeout, reduce_bytes, control)
+        init_tp_group(
+            workers.store_path, 0, size, device, timeout, reduce_bytes, control, config.tp_allreduce
+        )
         if control is not None:  # the other nodes' ranks load what this engine loads
             workers.control = control_group()
             multinode.send_bytes(pickle.dumps(config), workers.control, timeout)
@@ -324,7 +325,7 @@ def remote_rank_main(rank: int, config: EngineConfig) -> int:
     rank 0 shuts the ranks down, 1 when it is gone or a step failed here."""
     from axon.runner.model_runner import ModelRunner  # this module is imported by it
 
-    timeout = step_timeout_s()
+    timeout = config.tp_step_timeout_s
     device = rank_device(config, rank)
     init_tp_group(
         multinode.rendezvous(config),

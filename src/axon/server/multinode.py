@@ -11,6 +11,8 @@ import argparse
 import logging
 import os
 
+from axon.settings import SETTINGS, add_flags
+
 MULTINODE_FLAGS = ("nnodes", "node_rank", "master_addr", "master_port")
 
 
@@ -23,10 +25,7 @@ def add_multinode_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "multi-host tensor parallelism (torch.distributed's names; MODEL's ranks span hosts)"
     )
-    group.add_argument("--nnodes", type=int, help="hosts MODEL's ranks span (default: 1)")
-    group.add_argument("--node-rank", type=int, help="this host's index; node 0 serves HTTP")
-    group.add_argument("--master-addr", help="node 0's address (its TCP store; 127.0.0.1)")
-    group.add_argument("--master-port", type=int, help="node 0's TCP store port (29500)")
+    add_flags(group, [SETTINGS[name] for name in MULTINODE_FLAGS])
     group.add_argument(
         "--headless",
         action="store_true",

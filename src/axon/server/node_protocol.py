@@ -1,25 +1,20 @@
 """Bodies of the node-management API (neuron's shapes): the ModelSpec that `POST /models/load`
-and `default_models` carry, and what `GET /models` returns."""
+and `default_models` carry, and what `GET /models` returns.
+
+EngineArgs and ModelSpec are built from the settings table (axon/settings.py): a field for each
+setting, converted and checked by the table's `Setting.convert`."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from axon.server.errors import BadRequest
+from axon.settings import ENGINE, SPEC, Setting, engine_kwargs, select
 
 HARNESS = "axon"
 ModelStatus = Literal["loading", "loaded", "poisoned", "recovering"]
-DTYPES = ("auto", "float32", "fp32", "float", "bfloat16", "bf16", "float16", "fp16", "half")
-
-
-def _parse_size(value: Any) -> Any:
-    if isinstance(value, str):
-        from axon.cli import parse_size  # the CLI's size grammar: 512M, 2G, 1.5GiB
-
-        return parse_size(value)
-    return value
 
 
 def _fits_the_host(value: int | None) -> int | None:
@@ -34,62 +29,64 @@ def _fits_the_host(value: int | None) -> int | None:
     return value
 
 
-class EngineArgs(BaseModel):
-    """Engine arguments under vLLM's names; None leaves the engine's (or the server's) default."""
+def _convert(cls, value: Any, info: ValidationInfo) -> Any:
+    """The table's conversion and check (settings.py), before pydantic's type check."""
+    return None if value is None else _BY_FIELD[info.field_name].convert(value)
 
+
+def _fields(chosen: list[Setting]) -> dict[str, Any]:
+    """Pydantic fields for `chosen`, each optional: None leaves the next source's value."""
+    fields = {}
+    for setting in chosen:
+        kind = setting.annotation or (
+            Literal[setting.choices] if setting.choices else setting.kind  # type: ignore[valid-type]
+        )
+        fields[setting.field] = (kind | None, Field(None, description=setting.help))
+    return fields
+
+
+def _model(name: str, doc: str, base: type[BaseModel], chosen: list[Setting]) -> Any:
+    """The pydantic model `name`: `base` with a field for each of `chosen`."""
+    convert = field_validator(*(s.field for s in chosen), mode="before")(_convert)
+    validators = {f"_convert_{name}": convert}  # a subclass's own name: the base's stays
+    return create_model(
+        name,
+        __base__=base,
+        __doc__=doc,
+        __module__=__name__,
+        __validators__=validators,
+        **_fields(chosen),
+    )
+
+
+_BY_FIELD = {setting.field: setting for setting in (*select(ENGINE), *select(SPEC))}
+
+
+class _EngineArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
-    max_model_len: int | None = Field(None, ge=2)
-    max_num_seqs: int | None = Field(None, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1)
-    block_size: int | None = Field(None, ge=1)
-    kv_cache_memory: int | None = Field(None, gt=0, description="bytes, or a size: 512M, 2G")
-    enable_prefix_caching: bool | None = None
-    # vLLM's {"image": N}: images per request; 0 loads a multimodal checkpoint text-only.
-    limit_mm_per_prompt: dict[Literal["image"], int] | None = None
-    max_image_pixels: int | None = Field(None, ge=1, description="pixels per resized image")
-    image_profile: Literal["native", "fixed448"] | None = None
-    # "embed" serves /v1/embeddings only; "auto": embed for a sentence-transformers checkpoint.
-    task: Literal["auto", "generate", "embed"] | None = None
-    # "int8": 8-bit activations for every step on GGUF weights (EngineConfig).
-    activation_precision: Literal["float32", "int8"] | None = None
-    # The KV cache's element type; "auto": float16 with int8 activations, else the model's.
-    kv_cache_dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
-    # CPU: n or n - 1 OpenMP threads, whichever steps faster (runner/adaptive_threads.py).
-    adaptive_threads: bool | None = None
-
-    _check_size = field_validator("kv_cache_memory", mode="before")(_parse_size)
-    _check_fits = field_validator("kv_cache_memory", mode="after")(_fits_the_host)
-
-    @field_validator("limit_mm_per_prompt", mode="after")
-    @classmethod
-    def _check_limits(cls, value: dict | None) -> dict | None:
-        if value is not None and any(count < 0 for count in value.values()):
-            raise ValueError(f"limit_mm_per_prompt counts must be >= 0, got {value}")
-        return value
+    _check_fits = field_validator("kv_cache_memory", mode="after", check_fields=False)(
+        _fits_the_host
+    )
 
     def engine_args(self) -> dict[str, Any]:
         """The engine arguments this object sets (the None ones left out), under the engine's
         names (`limit_mm_per_prompt.image` is `max_images_per_prompt`)."""
-        values = {name: getattr(self, name) for name in EngineArgs.model_fields}
-        limits = values.pop("limit_mm_per_prompt")
-        if limits is not None and "image" in limits:
-            values["max_images_per_prompt"] = limits["image"]
-        return {name: value for name, value in values.items() if value is not None}
+        return engine_kwargs({name: getattr(self, name) for name in EngineArgs.model_fields})
 
 
-class ModelSpec(EngineArgs):
-    """What to load: neuron's ModelSpec plus axon's engine arguments."""
+EngineArgs = _model(
+    "EngineArgs",
+    "Engine arguments under vLLM's names (the engine settings of settings.py); None leaves the "
+    "engine's (or the server's) default.",
+    _EngineArgs,
+    select(ENGINE),
+)
 
+
+class _ModelSpec(EngineArgs):
     model_id: str = Field(min_length=1, description="local path, or [scheme:]org/name[@revision]")
     harness: str | None = None
-    quant: str | None = None
-    revision: str | None = None
-    tensor_parallel: int | None = Field(None, ge=1)
-    devices: list[int] | None = None
-    served_model_name: str | None = Field(None, min_length=1)
-    chat_template: str | None = Field(None, min_length=1, description="template file override")
 
     @property
     def served_id(self) -> str:
@@ -102,6 +99,15 @@ class ModelSpec(EngineArgs):
             raise BadRequest(
                 f"unknown harness {self.harness!r}: this node runs {HARNESS!r}", param="harness"
             )
+
+
+ModelSpec = _model(
+    "ModelSpec",
+    "What to load: neuron's ModelSpec (model_id, harness and the one-model settings of "
+    "settings.py) plus axon's engine arguments.",
+    _ModelSpec,
+    select(SPEC, without=(ENGINE,)),
+)
 
 
 class UnloadRequest(BaseModel):

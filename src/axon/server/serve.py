@@ -22,7 +22,6 @@ import signal
 import socket
 import sys
 
-from axon.cli import ADAPTIVE_HELP, DTYPES, INT8_HELP, KV_DTYPE_HELP
 from axon.server.config import ServerConfig, load_config
 from axon.server.early_engine import spawn_first_model
 from axon.server.multinode import (
@@ -33,12 +32,15 @@ from axon.server.multinode import (
 )
 from axon.server.node_protocol import EngineArgs, ModelSpec
 from axon.server.registry import ActivationTracker
+from axon.settings import ENGINE, SERVE, SPEC, add_flags, select
+from axon.settings import parse_mm_limits as parse_mm_limits  # --limit-mm-per-prompt's grammar
 
 logger = logging.getLogger("axon.serve")
 
 OPEN_PATHS = ("/health", "/metrics")  # still answered while shutting down
 KEEP_ALIVE_S = 75  # idle keep-alive connections (nginx's default)
 _ENGINE_FLAGS = tuple(EngineArgs.model_fields)
+_MODEL_SETTINGS = select(SERVE, SPEC)  # the flags that go with MODEL: its load spec's settings
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -48,13 +50,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("-p", "--port", type=int, help="port to bind (default: 8000; 0: any)")
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or AXON_API_KEY)")
-    parser.add_argument("--served-model-name", help="the id MODEL is served under")
-    parser.add_argument("--quant", help="GGUF file to pick from MODEL's repo, by substring")
-    parser.add_argument("--revision", help="branch, tag or commit of MODEL's repo")
-    parser.add_argument(
-        "--chat-template", metavar="FILE", help="Jinja (or JSON) template file for MODEL's chats"
-    )
-    parser.add_argument("--tensor-parallel-size", type=int, help="TP ranks for MODEL")
+    add_flags(parser, _MODEL_SETTINGS)
     add_multinode_args(parser)
     parser.add_argument("--shutdown-grace", type=float, help="seconds for in-flight requests")
     parser.add_argument(
@@ -71,9 +67,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with no MODEL and no default_models, start empty instead of serving the demo model",
     )
-    _add_engine_args(
-        parser.add_argument_group("engine defaults (every model; a load spec overrides them)")
-    )
+    group = parser.add_argument_group("engine defaults (every model; a load spec overrides them)")
+    add_flags(group, select(SERVE, ENGINE))
 
 
 def _add_media_args(parser: argparse.ArgumentParser) -> None:
@@ -87,66 +82,6 @@ def _add_media_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allowed-local-media-path", metavar="DIR", help="file:// image URLs may read under DIR"
     )
-
-
-def _add_engine_args(group) -> None:
-    group.add_argument("--dtype", help="auto, float32, bfloat16, float16")
-    group.add_argument("--max-model-len", type=int, help="longest prompt + output")
-    group.add_argument("--max-num-seqs", type=int, help="sequences per engine step")
-    group.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
-    group.add_argument("--block-size", type=int, help="tokens per KV block")
-    group.add_argument("--kv-cache-memory", help="KV cache bytes: 512M, 2G")
-    group.add_argument(
-        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None
-    )
-    group.add_argument(
-        "--limit-mm-per-prompt",
-        type=parse_mm_limits,
-        metavar="image=N",
-        help="images per request (default 16); image=0 loads a vision model text-only",
-    )
-    group.add_argument(
-        "--max-image-pixels", type=int, help="pixels of a resized image (default 1048576)"
-    )
-    group.add_argument(
-        "--image-profile",
-        choices=("native", "fixed448"),
-        help="native: the checkpoint's resize band (default); fixed448: neuron's 448x448",
-    )
-    group.add_argument(
-        "--task",
-        choices=("auto", "generate", "embed"),
-        help="embed: serve /v1/embeddings (pooled hidden states); auto (default): embed when "
-        "the checkpoint has a sentence-transformers pooling config",
-    )
-    group.add_argument("--activation-precision", choices=("float32", "int8"), help=INT8_HELP)
-    group.add_argument("--kv-cache-dtype", choices=DTYPES, help=KV_DTYPE_HELP)
-    group.add_argument(
-        "--adaptive-threads",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help=ADAPTIVE_HELP,
-    )
-
-
-def parse_mm_limits(text: str) -> dict[str, int]:
-    """`--limit-mm-per-prompt`: `image=4`, or vLLM's JSON `{"image": 4}`."""
-    try:
-        value = json.loads(text) if text.lstrip().startswith("{") else None
-        if value is None:
-            value = {key.strip(): int(count) for key, count in _pairs(text)}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected image=N, got {text!r}") from None
-    if not isinstance(value, dict) or set(value) - {"image"}:
-        raise argparse.ArgumentTypeError(f"only image=N is supported, got {text!r}")
-    return value
-
-
-def _pairs(text: str) -> list[tuple[str, str]]:
-    pairs = [item.partition("=") for item in text.split(",")]
-    if any(not sep for _, sep, _ in pairs):
-        raise ValueError(text)
-    return [(key, count) for key, _, count in pairs]
 
 
 def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
@@ -164,14 +99,8 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
     if chat_template is not None and not ns.model:
         raise ValueError("--chat-template applies to MODEL: name the model to load with it")
     if ns.model:
-        first = ModelSpec(
-            model_id=ns.model,
-            served_model_name=ns.served_model_name,
-            quant=ns.quant,
-            revision=ns.revision,
-            tensor_parallel=ns.tensor_parallel_size,
-            chat_template=chat_template,
-        )
+        given = {setting.field: getattr(ns, setting.name) for setting in _MODEL_SETTINGS}
+        first = ModelSpec(model_id=ns.model, **given)
         models = (first, *(spec for spec in models if spec.served_id != first.served_id))
     return config.with_overrides(
         host=ns.host,
