@@ -35,7 +35,7 @@ def _run_both(llm: LLM, monkeypatch) -> tuple[list, list, int]:
     monkeypatch.setattr(fused_decode, "run", counting_run)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     fused = llm.generate(prompts, PARAMS)
-    monkeypatch.setattr(fused_decode, "ENABLED", False)
+    monkeypatch.setattr(fused_decode, "run", lambda layer, positions, hidden: None)
     llm.engine.reset_prefix_cache()
     unfused = llm.generate(prompts, PARAMS)
     return fused, unfused, sum(calls)
