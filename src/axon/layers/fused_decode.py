@@ -40,7 +40,7 @@ class AttentionWeights:
     """An attention block's modules as the C layer reads them."""
 
     qkv: nn.Module  # q, k and v in one projection (its bias, where it has one, added)
-    o_proj: nn.Module
+    o: nn.Module  # the output projection
     rotary: nn.Module  # RotaryEmbedding: inv_freq, rotary_dim
     attn: Attention  # the geometry (heads, head_dim, scale, window, softcap) and the KV cache
     q_norm: nn.Module | None = None  # RMSNorms per head of q and k (Qwen3, Gemma 3)
@@ -83,7 +83,7 @@ def run(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | 
 
 
 def run_attention(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
-    """`hidden + self_attn(input_layernorm(hidden))` for a decode-only step, in place in
+    """`hidden + attention(input_norm(hidden))` for a decode-only step, in place in
     `hidden` (the MLP is not run, nor need it have C kernels: a mixture-of-experts layer's
     sparse MLP runs in kernels/cpu_moe.c), or None where the C path does not apply."""
     return _run(layer, positions, hidden, attention_only=True)
@@ -169,12 +169,12 @@ def _build_spec(weights: DecodeWeights, attention_only: bool = False) -> Layer |
     if library() is None:
         return None
     attention = weights.attention
-    projections = [attention.qkv, attention.o_proj]
+    projections = [attention.qkv, attention.o]
     if not attention_only:
         if weights.gate_up is None:  # a sparse MLP: fused_moe_decode's
             return None
         projections += [weights.gate_up, weights.down]
-    if any(p.bias is not None for p in projections[1:]) or attention.o_proj.tp_size != 1:
+    if any(p.bias is not None for p in projections[1:]) or attention.o.tp_size != 1:
         return None
     prepared = [_weights_of(p) for p in projections]
     activation = 0 if attention_only else _activation_of(weights.act_fn)
