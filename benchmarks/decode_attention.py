@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from axon.kernels import cpu_ops
+from axon.kernels import abi
 from int8_matmul import per_call_us  # sibling scripts (benchmarks/ is on sys.path)
 from work_stealing import build_kernels
 
@@ -42,7 +42,7 @@ def old_kernel(revision: str) -> ctypes.CDLL:
     """The kernels library at `revision` (its attention: the replaced kernel)."""
     lib = build_kernels(revision, Path(tempfile.mkdtemp()))
     lib.axon_paged_decode_attention.argtypes = (  # the new one's, less its kv_f16 flag
-        cpu_ops._library().axon_paged_decode_attention.argtypes[:-1]
+        abi.SIGNATURES["axon_paged_decode_attention"][1][:-1]
     )
     return lib
 
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--base", default="57e9e60", help="revision with the replaced kernel")
     args = parser.parse_args()
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
-    old, new = old_kernel(args.base).axon_paged_decode_attention, cpu_ops._library()
+    old, new = old_kernel(args.base).axon_paged_decode_attention, abi.library()
     new = new.axon_paged_decode_attention
     print(f"{'shape':16} {'batch':>5} {'ctx':>5} {'thr':>3} {'old us':>9} {'new us':>9} "
           f"{'old/new':>7}  max|diff|")  # fmt: skip

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from axon.kernels import ggml_cpu, ggml_q8
+from axon.kernels import abi, ggml_cpu
 
 T = GGMLQuantizationType
 SCALE_OFFSETS = {T.Q4_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,), T.Q4_0: (0,), T.Q5_K: (0, 2)}
@@ -59,7 +59,7 @@ def kernels(weights: ggml_cpu.GGMLWeights, x: torch.Tensor, out: torch.Tensor, t
     """(exact, int8) callables for one C call each with `threads` threads."""
     args = (len(weights.parts), weights._types, weights._ptrs, weights._rows, weights.cols)
     tail = (x.data_ptr(), x.shape[0], out.data_ptr(), out.stride(0), threads)
-    exact_lib, q8_lib = ggml_cpu._library(), ggml_q8._library()
+    exact_lib = q8_lib = abi.library()
     exact = exact_lib.axon_ggml_matmul_parts
     if x.shape[0] > 64:
         exact = exact_lib.axon_ggml_matmul_panels

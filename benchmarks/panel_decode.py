@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from axon.kernels import abi
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from work_stealing import build_kernels  # noqa: E402
 
@@ -56,8 +58,7 @@ def packed(lib, ggml_type: int, w: np.ndarray, cols: int) -> tuple[int, np.ndarr
     shape = ((w.shape[0] + 15) // 16, cols // 256 * block_bytes)
     room = np.empty(shape[0] * shape[1] + 64, np.uint8)  # the kernel wants 64-byte alignment
     out = room[-room.ctypes.data % 64 :][: shape[0] * shape[1]].reshape(shape)
-    lib.axon_q8_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                 ctypes.c_void_p]  # fmt: skip
+    abi.declare(lib, "axon_q8_pack")
     assert lib.axon_q8_pack(ggml_type, w.ctypes.data, w.shape[0], cols, out.ctypes.data) == 0
     return packed_type, out
 

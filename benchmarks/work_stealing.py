@@ -30,10 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
+from axon.kernels import abi
+
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = "src/axon/kernels"
-FILES = ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c")
-FILES += ("work_shares.h", "k_scales.h")
+FILES = ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c", "layout.c")
+FILES += ("axon_kernels.h", "work_shares.h", "k_scales.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 Q4_K, Q6_K = 12, 14
 BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
@@ -59,13 +61,7 @@ def build_kernels(revision: str | None, out: Path) -> ctypes.CDLL:
     target = src / "kernels.so"
     subprocess.run(["cc", *FLAGS, *sources, "-o", str(target), "-lm"], check=True)
     lib = ctypes.CDLL(str(target))
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    for name in ("axon_q8_matmul_parts", "axon_ggml_matmul_parts"):
-        getattr(lib, name).argtypes = [
-            *(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ptr), ctypes.POINTER(i64)),
-            *(i64, ptr, i64, ptr, i64, ctypes.c_int),
-        ]
-    return lib
+    return abi.declare(lib, "axon_q8_matmul_parts", "axon_ggml_matmul_parts")
 
 
 def random_blocks(ggml_type: int, rows: int, cols: int, rng) -> np.ndarray:

@@ -6,13 +6,16 @@ kernels the unfused forward calls one at a time)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
 from axon import LLM, SamplingParams
 from axon.kernels import cpu_ops
-from axon.layers import fused_decode
+from axon.layers import fused_decode, fused_moe_decode
 from quant.gguf_files import build_gguf_model, write_gguf
 
 from .tiny_models import ARCHS, engine_kwargs, get_tiny_model, random_prompts
@@ -35,7 +38,7 @@ def _run_both(llm: LLM, monkeypatch) -> tuple[list, list, int]:
     monkeypatch.setattr(fused_decode, "run", counting_run)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     fused = llm.generate(prompts, PARAMS)
-    monkeypatch.setattr(fused_decode, "ENABLED", False)
+    monkeypatch.setattr(fused_decode, "run", lambda layer, positions, hidden: None)
     llm.engine.reset_prefix_cache()
     unfused = llm.generate(prompts, PARAMS)
     return fused, unfused, sum(calls)
@@ -104,3 +107,11 @@ def test_a_float16_cache_keeps_the_float32_caches_outputs(arch, tiny_model_root)
         for token, logprob in want.items():
             if token in got:
                 assert abs(got[token].logprob - logprob.logprob) < 2e-2
+
+
+def test_the_fused_paths_reach_weights_only_through_decode_weights():
+    """They read a layer through its `decode_weights()`, never by the attribute names a model
+    keeps its modules under."""
+    internals = r"self_attn|layernorm|\.mlp\b|is_sparse|_proj\b|rotary_emb"
+    for module in (fused_decode, fused_moe_decode):
+        assert not re.findall(internals, Path(module.__file__).read_text()), module.__name__

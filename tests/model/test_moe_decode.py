@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from axon import LLM
-from axon.layers import fused_decode
+from axon.kernels import abi
 from axon.layers.fused_moe import SparseMoeBlock, select_experts
 from axon.layers.norm import RMSNorm
 
@@ -81,7 +81,7 @@ def test_sparse_layers_decode_in_c_and_match_transformers(tiny_model_root):
     sparse = [layer for layer in llm.engine.runner.model.model.layers if layer.is_sparse]
     assert sparse
     for layer in sparse:  # both C calls were prepared, so decode steps took them
-        assert isinstance(layer._fused_attention_spec, fused_decode._Layer)
+        assert isinstance(layer._fused_attention_spec, abi.Layer)
         assert layer.mlp._c_router[1] is not None
 
 

@@ -97,7 +97,8 @@ def test_one_call_layer_where_two_experts_take_every_token(llm, monkeypatch):
         layer.mlp.gate.weight.data.zero_()
     monkeypatch.setattr(fused_moe, "select_experts", _lowest_id_on_ties)
     got = _generate(llm)
-    monkeypatch.setattr(fused_decode, "ENABLED", False)  # the attention half's C path too
+    # No C decode layer takes the step (the attention half's C path too): the layers' forward.
+    monkeypatch.setattr(fused_decode, "usable_hidden", lambda hidden, max_tokens=0: False)
     monkeypatch.setattr(SparseMoeBlock, "add_in_place", lambda self, hidden, norm: None)
     monkeypatch.setattr(FusedMoE, "_c_path", lambda self, hidden: None)
     want = _generate(llm)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from axon.kernels import build, ggml_cpu
+from axon.kernels import abi, build, ggml_cpu
 from axon.kernels.ggml_dequant import dequantize_rows_ref
 from axon.kernels.ggml_int4 import INT4_TYPES, int4_matmul, repack_int4
 from axon.layers.quantized import QuantizedMatmul, QuantizedTensor, matmul_ref
@@ -193,8 +193,7 @@ def _has_avx512_vnni() -> bool:
 def avx2_library(tmp_path_factory):
     """ggml_cpu.c (which stands alone) built for this CPU without AVX-512."""
     lib = build_variant(build.SOURCES[0], AVX2, tmp_path_factory, "avx2")
-    lib.axon_ggml_matmul.argtypes = ggml_cpu._library().axon_ggml_matmul.argtypes
-    return lib
+    return abi.declare(lib, "axon_ggml_matmul")
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +209,7 @@ def test_long_batches_of_the_other_builds_match_the_reference(qtype, variant, re
     plain transpose and tile): rows off the groups, a remainder of tokens, and the output's
     columns past the rows left as they were."""
     lib = request.getfixturevalue(variant)
-    lib.axon_ggml_matmul_panels.argtypes = ggml_cpu._library().axon_ggml_matmul_panels.argtypes
+    abi.declare(lib, "axon_ggml_matmul_panels")
     rows, tokens = 139, 67
     raw = _long_rows(qtype, rows)
     x = torch.randn(tokens, COLS, generator=torch.Generator().manual_seed(4))

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as Q
 from axon import LLM, SamplingParams
 from axon.cache_dir import cache_dir
 from axon.config import EngineConfig
-from axon.kernels import build, ggml_cpu, ggml_q8
+from axon.kernels import abi, build, ggml_cpu, ggml_q8
 from axon.server.node_protocol import ModelSpec
 from model.tiny_models import random_prompts
 from quant.gguf_files import build_gguf_model, write_gguf
@@ -127,7 +127,7 @@ def test_tile_edges_match_one_token_calls(qtype):
     is bit for bit its one-token call (a different kernel), and close to the reference twin."""
     raw = _raw_tensor(qtype)[:EDGE_ROWS].contiguous()
     weights = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS, int8=True)
-    lib = ggml_q8._library()
+    lib = abi.library()
     x = _x(33, seed=11)
     alone = torch.cat([_q8_call(lib, weights, x[t : t + 1]) for t in range(33)])
     for tokens in (2, 3, 5, 6, 7, 8, 9, 13, 33):
@@ -146,7 +146,7 @@ def test_one_token_row_walks_match_the_batch(qtype):
     to the reference twin."""
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     wide = torch.cat([_raw_tensor(qtype, seed=s) for s in range(7)], dim=1)  # [48, 7 rows' bytes]
-    lib = ggml_q8._library()
+    lib = abi.library()
     for blocks in (12, 13) if block == 256 else (32, 33):
         cols = blocks * block  # a row's blocks lie back to back: the first bytes of a wider row
         raw = wide[:21, : blocks * block_bytes].contiguous()
@@ -166,7 +166,7 @@ def test_fused_parts_one_token_matches_the_batch():
     parts = [(int(t), _raw_tensor(t, seed=s)[:rows].contiguous())
              for s, (t, rows) in enumerate(((Q.Q6_K, 21), (Q.Q4_0, 43), (Q.Q5_K, 9)))]  # fmt: skip
     weights = ggml_cpu.GGMLWeights(parts, COLS, int8=True)
-    lib = ggml_q8._library()
+    lib = abi.library()
     x = _x(7, seed=13)
     batch = _q8_call(lib, weights, x, threads=2)
     for t in range(7):
@@ -182,7 +182,7 @@ def test_panels_prefetching_the_next_unit_match_one_token_calls():
     parts = [(int(t), torch.cat([_raw_tensor(t, seed=s), _raw_tensor(t, seed=s + 1)])[:91])
              for s, t in enumerate((Q.Q6_K, Q.Q8_0, Q.Q4_K))]  # fmt: skip
     weights = ggml_cpu.GGMLWeights([(t, raw.contiguous()) for t, raw in parts], COLS, int8=True)
-    lib = ggml_q8._library()
+    lib = abi.library()
     x = _x(16, seed=17)
     alone = torch.cat([_q8_call(lib, weights, x[t : t + 1]) for t in range(16)])
     for threads in (1, 2, 3):
@@ -196,7 +196,7 @@ def test_long_steps_in_token_passes_match_short_calls():
     of tokens: a 1030-token call gives each token the bits of shorter calls and one-token calls."""
     weights = ggml_cpu.GGMLWeights([(int(Q.Q4_K), _raw_tensor(Q.Q4_K)[:EDGE_ROWS].contiguous())],
                                    COLS, int8=True)  # fmt: skip
-    lib = ggml_q8._library()
+    lib = abi.library()
     x = torch.randn(1030, COLS, generator=torch.Generator().manual_seed(19))
     whole = _q8_call(lib, weights, x, threads=2)
     assert torch.equal(
@@ -217,7 +217,7 @@ def test_packed_panels_are_the_same_bits_as_the_blocks(qtype, rows):
     packed_type, block_bytes = ggml_q8.PACKED[int(qtype)]
     assert list(packed._types) == [packed_type] and list(packed._rows) == [rows]
     assert packed._kernel_parts[0][1].numel() == (rows + 15) // 16 * COLS // 256 * block_bytes
-    lib = ggml_q8._library()
+    lib = abi.library()
     x = _x(33, seed=21)
     for tokens in (1, 2, 5, 6, 7, 16, 33):
         for threads in (1, 2):
@@ -244,8 +244,7 @@ def _build_variant(flags: tuple[str, ...]) -> ctypes.CDLL:
         subprocess.run([*cmd, "-lm"], check=True, capture_output=True)
         tmp.replace(target)
     lib = ctypes.CDLL(str(target))
-    lib.axon_q8_matmul_parts.argtypes = ggml_q8._library().axon_q8_matmul_parts.argtypes
-    return lib
+    return abi.declare(lib, "axon_q8_matmul_parts")
 
 
 VARIANTS = {  # the library's own build is -march=native (VNNI where the CPU has it)
@@ -269,7 +268,7 @@ def test_vnni_avx2_and_portable_builds_agree_bit_for_bit(qtype, variant_libs):
     x = _x(9, seed=12)
     packed = ggml_cpu.GGMLWeights([(int(qtype), raw)], COLS, int8=True, pack=True)
     for x_part in (x[:1], x):  # the one-token kernel and the tiles
-        want = _q8_call(ggml_q8._library(), weights, x_part)
+        want = _q8_call(abi.library(), weights, x_part)
         for name, lib in variant_libs.items():
             assert torch.equal(_q8_call(lib, weights, x_part), want), name
             if int(qtype) in ggml_q8.PACKED:  # and its panels, which the portable build unpacks

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from axon.kernels import cpu_ops
+from axon.kernels import abi, cpu_ops
 from axon.layers.attention import attend_ref
 from axon.layers.norm import rms_norm_ref
 from axon.layers.rotary import RotaryEmbedding
@@ -274,9 +274,7 @@ def other_build(request, tmp_path_factory):
     flags = AVX2 if request.param == "avx2" else PORTABLE
     source = Path(cpu_ops.__file__).with_name("cpu_ops.c")
     lib = build_variant(source, flags, tmp_path_factory, request.param)
-    function = cpu_ops._library().axon_paged_prefill_attention
-    lib.axon_paged_prefill_attention.argtypes = function.argtypes
-    return lib
+    return abi.declare(lib, "axon_paged_prefill_attention")
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,chunks", PREFILL_SHAPES[:3])

@@ -37,10 +37,13 @@ def _cpu_flags() -> str:
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c")
+    for name in ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c", "layout.c")
 )
-# included by the sources: in the key
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("work_shares.h", "k_scales.h"))
+# included by the sources: in the key. axon_kernels.h is the interface (kernels/abi.py its
+# Python side); the other two are helpers of the matmul files.
+HEADERS = tuple(
+    Path(__file__).with_name(name) for name in ("axon_kernels.h", "work_shares.h", "k_scales.h")
+)
 
 
 def _build(compiler: str, sources: tuple[Path, ...]) -> Path:

@@ -7,60 +7,13 @@
 #include <stdint.h>
 #include <string.h>
 
-/* ---- the functions of ggml_cpu.c and cpu_ops.c this file strings together ---------------- */
-int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
-                           const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
-                           float *y, int64_t ldy, int threads);
-/* ggml_q8.c: the same product with each token's activations quantized to 8 bits per block. */
-int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
-                         const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
-                         float *y, int64_t ldy, int threads);
-void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo,
-                   int64_t rows, int64_t dim, float eps, int unit_offset);
-void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
-                 int64_t rotary_dim, const int64_t *positions, const float *inv_freq);
-void axon_cache_write(const float *k, int64_t ldk, const float *v, int64_t ldv,
-                      const int64_t *slots, int64_t tokens, int64_t width, void *k_cache,
-                      void *v_cache, int kv_f16);
-int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
-                                const void *v_cache, const int64_t *slots, int64_t width,
-                                const int64_t *lens, int64_t batch, int64_t heads,
-                                int64_t kv_heads, int64_t head_dim, float scale, float softcap,
-                                int64_t window, float *out, float *scratch, int threads,
-                                int kv_f16);
-void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
-                      int kind);
+#include "axon_kernels.h"
 
 /* Multiply-adds of decode attention from which it runs on the step's threads. Lower than
  * cpu_ops.py's PARALLEL_MIN_WORK (1 << 18, for a call from Python, whose second thread may have
  * gone to sleep): here the qkv projection's parallel region has just ended, its threads still
  * spin, and 2 threads already beat 1 at 16 heads x 32 keys x 64 (10 -> 7 us; 96 keys: 24 -> 14). */
 #define ATTENTION_MIN_WORK (1 << 15)
-
-/* A projection: up to 3 GGML (or float32) weights side by side in the output; int8: 8-bit
- * activations (ggml_q8.c), as the layer's GGMLWeights chose (activation_precision="int8"). */
-typedef struct {
-    int32_t parts, parallel, int8;
-    int32_t types[3];
-    const uint8_t *weights[3];
-    int64_t rows[3];
-} Projection;
-
-/* Everything about one layer that does not change between steps (mirrored by ctypes in
- * layers/fused_decode.py: keep the field order). NULL norms are absent. */
-typedef struct {
-    int64_t hidden, heads, kv_heads, head_dim, rotary_dim, inter, window;
-    float eps, scale, softcap;
-    int32_t unit_offset, activation;
-    const float *input_norm;    /* before attention */
-    const float *attn_out_norm; /* on attention's output before the residual add (Gemma) */
-    const float *mlp_in_norm;   /* before the MLP */
-    const float *mlp_out_norm;  /* on the MLP's output before the residual add (Gemma) */
-    const float *q_norm, *k_norm, *qkv_bias, *inv_freq;
-    void *k_cache, *v_cache;
-    Projection qkv, o, gate_up, down;
-    int32_t kv_f16; /* the caches hold float16 */
-} Layer;
 
 static int project(const Projection *p, const float *x, int64_t tokens, int64_t cols, float *y,
                    int64_t ldy, int threads) {

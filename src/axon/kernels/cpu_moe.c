@@ -18,44 +18,13 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include "axon_kernels.h"
 #include "work_shares.h"
 
 typedef int (*Matmul)(int parts, const int *types, const uint8_t *const *ws, const int64_t *rows,
                       int64_t cols, const float *x, int64_t tokens, float *y, int64_t ldy,
                       int threads);
-int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
-                           const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
-                           float *y, int64_t ldy, int threads);
-/* ggml_q8.c: the same product with each token's activations quantized to 8 bits per block. */
-int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
-                         const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
-                         float *y, int64_t ldy, int threads);
-void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
-                      int kind);
-void axon_rms_norm(const float *x, int64_t ldx, const float *w, float *out, int64_t ldo,
-                   int64_t rows, int64_t dim, float eps, int unit_offset);
-
 #define MAX_TOKENS 64 /* of one matmul call: a token chooses an expert at most once */
-
-/* Every expert's three weights, fixed for the model's lifetime (mirrored by ctypes in
- * kernels/cpu_moe.py: keep the field order). Expert e's gate is gate[e], in format types[0].
- * int8: the products take 8-bit activations (ggml_q8.c, activation_precision="int8"). */
-typedef struct {
-    int64_t experts, hidden, inter;
-    int32_t types[3]; /* gate, up, down */
-    int32_t activation, threads, int8;
-    const uint8_t *const *gate;
-    const uint8_t *const *up;
-    const uint8_t *const *down;
-    int64_t row_bytes[3]; /* of one row of gate, up, down */
-} Experts;
-
-/* The rest of a sparse layer's MLP half for axon_moe_block: its norm and its float32 router. */
-typedef struct {
-    const float *norm, *router; /* [hidden], [experts, hidden] */
-    float eps;
-    int32_t unit_offset, top_k, renormalize;
-} Router;
 
 /* One kind of product of a phase: expert e's weight is w[e] (types, rows [rows, cols]), its
  * output goes to columns column .. column + rows - 1 of y, computed by `matmul`. */
@@ -261,23 +230,6 @@ int axon_moe_block(const Experts *m, const Router *r, float *hidden, int64_t tok
 
 /* ---- a whole sparse decoder layer ------------------------------------------------------- */
 
-/* cpu_layer.c: the attention half of a decode layer (its `Layer` is opaque here). */
-int axon_decode_attention(const void *layer, float *hidden, int64_t tokens,
-                          const int64_t *positions, const int64_t *slot_mapping,
-                          const int64_t *key_slots, int64_t width, const int64_t *lens,
-                          float *scratch, int threads);
-int64_t axon_decode_layer_scratch(const void *layer, int64_t tokens, int64_t width, int threads);
-
-/* A sparse decoder layer (mirrored by ctypes in layers/fused_moe_decode.py: keep the order):
- * cpu_layer.c's attention half, then norm, router and experts. parallel: the experts' region
- * runs on the step's threads (else on one: experts too small to split). */
-typedef struct {
-    const void *attention;
-    const Experts *experts;
-    const Router *router;
-    int64_t parallel;
-} SparseLayer;
-
 /* Floats of scratch axon_sparse_decode_layer needs: the two halves use it in turn. */
 int64_t axon_sparse_layer_scratch(const SparseLayer *l, int64_t tokens, int64_t width,
                                   int threads) {
@@ -305,10 +257,6 @@ int axon_sparse_decode_layer(const SparseLayer *l, float *hidden, int64_t tokens
 
 /* ---- a decode step's whole stack of layers ---------------------------------------------- */
 
-int axon_decode_layer(const void *layer, float *hidden, int64_t tokens, const int64_t *positions,
-                      const int64_t *slot_mapping, const int64_t *key_slots, int64_t width,
-                      const int64_t *lens, float *scratch, int threads);
-
 /* Floats of scratch axon_decode_stack needs: the most any one layer does. */
 int64_t axon_decode_stack_scratch(const void *const *layers, const int32_t *sparse,
                                   int64_t count, int64_t tokens, int64_t width, int threads) {
@@ -321,14 +269,6 @@ int64_t axon_decode_stack_scratch(const void *const *layers, const int32_t *spar
     }
     return most;
 }
-
-/* The model's final RMSNorm, applied after the last layer. */
-typedef struct {
-    const float *weight; /* [dim] */
-    int64_t dim;
-    float eps;
-    int32_t unit_offset;
-} FinalNorm;
 
 /* hidden [tokens, hidden] <- norm(the output of `count` decoder layers in turn), in place: layer
  * i is a SparseLayer where sparse[i], else cpu_layer.c's dense Layer (a model's dense layers

@@ -9,55 +9,15 @@ returns the weighted sum of the chosen experts. Its reference twin is `fused_moe
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
-from axon.kernels import build, ggml_cpu, ggml_q8
+from axon.kernels import ggml_cpu, ggml_q8
+from axon.kernels.abi import Experts, Router, library
 from axon.kernels.cpu_ops import ACTIVATIONS
 
 MAX_TOKENS = ggml_cpu.MAX_TOKENS  # per call; a longer batch (prefill) takes the PyTorch path
 _PTRS = ctypes.POINTER(ctypes.c_void_p)
-
-
-class _Experts(ctypes.Structure):
-    _fields_ = [  # cpu_moe.c's `Experts`: keep the order
-        ("experts", ctypes.c_int64),
-        ("hidden", ctypes.c_int64),
-        ("inter", ctypes.c_int64),
-        ("types", ctypes.c_int32 * 3),
-        ("activation", ctypes.c_int32),
-        ("threads", ctypes.c_int32),
-        ("int8", ctypes.c_int32),
-        ("gate", _PTRS),
-        ("up", _PTRS),
-        ("down", _PTRS),
-        ("row_bytes", ctypes.c_int64 * 3),
-    ]
-
-
-class _Router(ctypes.Structure):
-    _fields_ = [  # cpu_moe.c's `Router`: keep the order
-        ("norm", ctypes.c_void_p),
-        ("router", ctypes.c_void_p),
-        ("eps", ctypes.c_float),
-        ("unit_offset", ctypes.c_int32),
-        ("top_k", ctypes.c_int32),
-        ("renormalize", ctypes.c_int32),
-    ]
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = build.load()
-    if lib is None:
-        return None
-    ptr = ctypes.c_void_p
-    lib.axon_moe_experts.argtypes = [ptr, ptr, ctypes.c_int64, ptr, ptr, ctypes.c_int64, ptr, ptr]
-    lib.axon_moe_block_scratch.argtypes = [ptr, ptr, ctypes.c_int64]
-    lib.axon_moe_block_scratch.restype = ctypes.c_int64
-    lib.axon_moe_block.argtypes = [ptr, ptr, ptr, ctypes.c_int64, ptr]
-    return lib
 
 
 class ExpertWeights:
@@ -78,7 +38,7 @@ class ExpertWeights:
         row_bytes = [
             _nbytes(p[0][1]) // rows for p, rows in ((gate, inter), (up, inter), (down, hidden))
         ]
-        self._struct = _Experts(
+        self._struct = Experts(
             len(gate), hidden, inter, (ctypes.c_int32 * 3)(gate[0][0], up[0][0], down[0][0]),
             ACTIVATIONS[activation], 1, int(self.int8),
             *(ctypes.cast(a, _PTRS) for a in self._arrays),
@@ -94,7 +54,7 @@ class ExpertWeights:
     def usable(parts: dict[str, list[tuple[int, torch.Tensor]]], activation: str) -> bool:
         """Whether the C call handles these experts: the library built, one format per part
         that the matmul supports, the activation known."""
-        if _library() is None or activation not in ACTIVATIONS:
+        if library() is None or activation not in ACTIVATIONS:
             return False
         for part in parts.values():
             types = {ggml_type for ggml_type, _ in part}
@@ -112,7 +72,7 @@ class ExpertWeights:
         scratch = _scratch_for(tokens * top_k * (2 * self.hidden + 3 * self.inter))
         out = torch.empty(tokens, self.hidden, dtype=torch.float32)
         self._struct.threads = self._threads()
-        status = _library().axon_moe_experts(
+        status = library().axon_moe_experts(
             ctypes.addressof(self._struct), x.data_ptr(), tokens, ids.data_ptr(),
             weights.data_ptr(), top_k, scratch.data_ptr(), out.data_ptr(),
         )  # fmt: skip
@@ -127,7 +87,7 @@ class ExpertWeights:
         """hidden [T, hidden] float32 contiguous (T <= MAX_TOKENS) += the experts of
         norm(hidden) routed by `router`, in place (the MLP half of a sparse layer); returns
         hidden."""
-        lib = _library()
+        lib = library()
         self._struct.threads = self._threads()
         tokens = hidden.shape[0]
         scratch = _scratch_for(lib.axon_moe_block_scratch(self.address, router.address, tokens))
@@ -150,7 +110,7 @@ class MoeRouter:
 
     def __init__(self, norm, router: torch.Tensor, top_k: int, renormalize: bool):
         self._tensors = (norm.weight, router)
-        self._struct = _Router(
+        self._struct = Router(
             norm.weight.data_ptr(), router.data_ptr(), norm.eps, int(norm.unit_offset), top_k,
             int(renormalize),
         )  # fmt: skip

@@ -10,12 +10,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include "axon_kernels.h"
 
 /* Elementwise work (floats) from which a prefill-sized call runs on torch's threads: the
  * threads otherwise spin idle while one does it. */

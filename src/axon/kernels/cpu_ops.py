@@ -11,48 +11,19 @@ float32 CPU tensor.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import torch
 
-from axon.kernels import build
+from axon.kernels.abi import library
 
 # Work (multiply-adds) below which attention runs on one thread: waking a second costs more.
 PARALLEL_MIN_WORK = 1 << 18
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = build.load()
-    if lib is None:
-        return None
-    i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-    lib.axon_rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32, i32]
-    lib.axon_rms_norm_heads.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, f32, i32]
-    lib.axon_rotary.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
-    lib.axon_rotary_table.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr]
-    lib.axon_act_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i32]
-    lib.axon_cache_write.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, i32]
-    lib.axon_paged_decode_attention.argtypes = [
-        *(ptr, i64, ptr, ptr, ptr, i64, ptr),
-        *(i64, i64, i64, i64, f32, f32, i64),
-        *(ptr, ptr, i32, i32),
-    ]
-    lib.axon_paged_prefill_attention.argtypes = [
-        *(ptr, i64, ptr, ptr, ptr, ptr, i64),
-        *(i64, i64, i64, f32, f32, i64, ptr, i32, i32),
-    ]
-    lib.axon_paged_decode_attention.restype = i32
-    lib.axon_paged_prefill_attention.restype = i32
-    return lib
 
 
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the C path may run on these tensors (float32, CPU, library built)."""
     if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors):
         return False
-    return _library() is not None
+    return library() is not None
 
 
 def cache_usable(cache: torch.Tensor) -> bool:
@@ -60,7 +31,7 @@ def cache_usable(cache: torch.Tensor) -> bool:
     float16, on the CPU, library built."""
     if cache.device.type != "cpu" or cache.dtype not in (torch.float32, torch.float16):
         return False
-    return _library() is not None
+    return library() is not None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool) -> torch.Tensor:
@@ -69,7 +40,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
     if x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == dim and x.stride(0) > x.shape[1] * dim:
         # [T, H, D] heads of a fused projection (token rows strided): read in place, no copy
         out = torch.empty(x.shape, dtype=torch.float32)
-        _library().axon_rms_norm_heads(
+        library().axon_rms_norm_heads(
             x.data_ptr(), x.stride(0), x.shape[1], weight.data_ptr(), out.data_ptr(),
             x.shape[0], dim, eps, int(unit_offset),
         )  # fmt: skip
@@ -78,7 +49,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
     if rows.shape[0] > 1 and rows.stride(0) < dim:
         rows = rows.contiguous()
     out = torch.empty(x.shape, dtype=torch.float32)
-    _library().axon_rms_norm(
+    library().axon_rms_norm(
         rows.data_ptr(), rows.stride(0), weight.data_ptr(), out.data_ptr(), dim,
         rows.shape[0], dim, eps, int(unit_offset),
     )  # fmt: skip
@@ -91,7 +62,7 @@ def rotary_(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, ro
     if x.stride(2) != 1 or x.stride(1) != head_dim:
         raise ValueError("rotary_: each token's heads must be contiguous")
     positions = positions.contiguous()
-    _library().axon_rotary(
+    library().axon_rotary(
         x.data_ptr(), x.stride(0), tokens, heads, head_dim, rotary_dim,
         positions.data_ptr(), inv_freq.data_ptr(),
     )  # fmt: skip
@@ -104,7 +75,7 @@ def rotary_table_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_
     if x.stride(2) != 1 or x.stride(1) != head_dim:
         raise ValueError("rotary_table_: each token's heads must be contiguous")
     cos, sin = cos.contiguous(), sin.contiguous()
-    _library().axon_rotary_table(
+    library().axon_rotary_table(
         x.data_ptr(), x.stride(0), tokens, heads, head_dim, rotary_dim, cos.data_ptr(),
         sin.data_ptr(),
     )  # fmt: skip
@@ -130,7 +101,7 @@ def paged_decode_attention(
     threads = torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
     scratch = torch.empty(threads * heads * width, dtype=torch.float32)
     out = torch.empty_like(q)
-    status = _library().axon_paged_decode_attention(
+    status = library().axon_paged_decode_attention(
         q.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
         key_slots.data_ptr(), width,
         context_lens.data_ptr(), batch, heads, k_cache.shape[1], head_dim, scale,
@@ -160,7 +131,7 @@ def paged_prefill_attention(
         q = q.contiguous()
     work = int(chunks[:, 1].mul(chunks[:, 2]).sum()) * heads * head_dim
     threads = torch.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
-    status = _library().axon_paged_prefill_attention(
+    status = library().axon_paged_prefill_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
         chunks.data_ptr(), chunks.shape[0], heads, k_cache.shape[1], head_dim, scale,
         softcap or 0.0, window or 0, out.data_ptr(), threads, int(k_cache.dtype == torch.float16),
@@ -180,7 +151,7 @@ def act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty(tokens, width // 2, dtype=torch.float32)
-    _library().axon_act_and_mul(
+    library().axon_act_and_mul(
         x.data_ptr(), x.stride(0), out.data_ptr(), tokens, width // 2, ACTIVATIONS[activation]
     )
     return out
@@ -194,7 +165,7 @@ def cache_write(
     tokens, width = k.shape[0], k.shape[1] * k.shape[2]
     k, v = (t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous() for t in (k, v))
     slots = slots.contiguous()
-    _library().axon_cache_write(
+    library().axon_cache_write(
         k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slots.data_ptr(), tokens, width,
         k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.float16),
     )  # fmt: skip

@@ -32,6 +32,7 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+#include "axon_kernels.h"
 #include "k_scales.h"
 #include "work_shares.h"
 

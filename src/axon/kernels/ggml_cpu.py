@@ -18,7 +18,7 @@ import logging
 
 import torch
 
-from axon.kernels import build, ggml_q8
+from axon.kernels import abi, ggml_q8
 
 logger = logging.getLogger(__name__)
 
@@ -34,20 +34,10 @@ PARALLEL_MIN_BYTES = 256 << 10
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = build.load()
+    """abi.library(), saying once where it is missing what GGUF matmuls do instead."""
+    lib = abi.library()
     if lib is None:
         logger.warning("GGUF matmuls use the int4 kernel (bf16 activations) instead")
-        return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.axon_ggml_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr, i64, ctypes.c_int]
-    lib.axon_ggml_matmul_parts.argtypes = [
-        *(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ptr), ctypes.POINTER(i64)),
-        *(i64, ptr, i64, ptr, i64, ctypes.c_int),
-    ]
-    lib.axon_ggml_matmul_panels.argtypes = lib.axon_ggml_matmul_parts.argtypes
-    lib.axon_ggml_dequant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
-    lib.axon_ggml_supported.argtypes = [ctypes.c_int]
-    lib.axon_ggml_panel_rows.argtypes, lib.axon_ggml_panel_rows.restype = [i64], i64
     return lib
 
 

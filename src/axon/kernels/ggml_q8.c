@@ -48,6 +48,7 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+#include "axon_kernels.h"
 #include "k_scales.h"
 #include "work_shares.h"
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from axon.kernels import build
+from axon.kernels.abi import library
 from axon.kernels.ggml_dequant import dequantize_rows_ref
 
 if TYPE_CHECKING:
@@ -37,26 +37,10 @@ PACKED = {12: (Q4_K_PANELS, 2432), 14: (Q6_K_PANELS, 3392)}
 K_TYPES = (12, 13, 14, Q4_K_PANELS, Q6_K_PANELS)  # Q8_K activations; the others Q8_0 / Q8_1
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = build.load()
-    if lib is None:
-        return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.axon_q8_matmul_parts.argtypes = [
-        *(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ptr), ctypes.POINTER(i64)),
-        *(i64, ptr, i64, ptr, i64, ctypes.c_int),
-    ]
-    lib.axon_q8_supported.argtypes = [ctypes.c_int]
-    lib.axon_q8_quantize.argtypes = [ptr, i64, ctypes.c_int, ptr, ptr, ptr]
-    lib.axon_q8_pack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
-    return lib
-
-
 def supports(ggml_types) -> bool:
     """Whether every type in `ggml_types` has an 8-bit-activation kernel (F32 has none: float
     weights stay on the float path), False when the C kernels could not be built."""
-    lib = _library()
+    lib = library()
     return lib is not None and all(lib.axon_q8_supported(int(t)) for t in ggml_types)
 
 
@@ -76,7 +60,7 @@ def pack(raw: torch.Tensor, ggml_type: int, cols: int) -> tuple[int, torch.Tenso
     raw = raw.contiguous()
     rows = raw.shape[0]
     out = _huge_empty((rows + 15) // 16, cols // 256 * block_bytes)
-    status = _library().axon_q8_pack(int(ggml_type), raw.data_ptr(), rows, cols, out.data_ptr())
+    status = library().axon_q8_pack(int(ggml_type), raw.data_ptr(), rows, cols, out.data_ptr())
     if status == -2:
         raise MemoryError("ggml_q8: out of memory packing a weight")
     if status != 0:
@@ -157,7 +141,7 @@ def matmul(weights: GGMLWeights, x: torch.Tensor, out: torch.Tensor) -> torch.Te
     8-bit activations; `weights` holds the C call's prepared arguments."""
     # Many tokens make even a small weight worth the threads (the work is tokens x weights).
     threads = torch.get_num_threads() if weights.parallel or x.shape[0] >= 64 else 1
-    status = _library().axon_q8_matmul_parts(
+    status = library().axon_q8_matmul_parts(
         len(weights.parts), weights._types, weights._ptrs, weights._rows, weights.cols,
         x.data_ptr(), x.shape[0], out.data_ptr(), out.stride(0), threads,
     )  # fmt: skip
@@ -178,7 +162,7 @@ def quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, t
     d = torch.empty(cols // block, dtype=torch.float32)
     k = block == 256
     sums = torch.empty(cols // 16, dtype=torch.int16) if k else torch.empty(cols // 32)
-    _library().axon_q8_quantize(x.data_ptr(), cols, int(k), q.data_ptr(), d.data_ptr(),
+    library().axon_q8_quantize(x.data_ptr(), cols, int(k), q.data_ptr(), d.data_ptr(),
                                 sums.data_ptr())  # fmt: skip
     return q, d, sums
 

@@ -9,52 +9,67 @@ C function strings together the very kernels that forward calls, in the same ord
 agree to the bit; what it saves is the Python between them (~0.5 ms a layer on a small model).
 With activation_precision="int8" a projection whose GGMLWeights has `int8` set runs on the 8-bit
 kernel (ggml_q8.c) here too, as it does in that forward.
+
+A layer says what the C layer reads through its `decode_weights()`, a `DecodeWeights` of the
+modules by their role; nothing here knows where a model keeps them.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from axon.kernels import cpu_ops, ggml_cpu
+from axon.kernels.abi import Layer, Projection, library
 from axon.layers.activation import GeluAndMul, SiluAndMul
 from axon.layers.forward_context import get_forward_context
 
-ENABLED = True  # tests switch it off to compare with the layer's own forward
+if TYPE_CHECKING:
+    from axon.layers.attention import Attention
+    from axon.layers.fused_moe import SparseMoeBlock
+
 MAX_TOKENS = 32  # the float32 matmuls leave the C kernel above this (see SmallBatchLinear)
 
-_ptr, _i64, _i32, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    """An attention block's modules as the C layer reads them."""
+
+    qkv: nn.Module  # q, k and v in one projection (its bias, where it has one, added)
+    o: nn.Module  # the output projection
+    rotary: nn.Module  # RotaryEmbedding: inv_freq, rotary_dim
+    attn: Attention  # the geometry (heads, head_dim, scale, window, softcap) and the KV cache
+    q_norm: nn.Module | None = None  # RMSNorms per head of q and k (Qwen3, Gemma 3)
+    k_norm: nn.Module | None = None
 
 
-class _Projection(ctypes.Structure):
-    _fields_ = [
-        ("parts", _i32),
-        ("parallel", _i32),
-        ("int8", _i32),  # 8-bit activations (ggml_q8.c), as the weights' GGMLWeights.int8
-        ("types", _i32 * 3),
-        ("weights", _ptr * 3),
-        ("rows", _i64 * 3),
-    ]
+@dataclass(frozen=True)
+class DecodeWeights:
+    """What a decoder layer's `decode_weights()` returns: its attention, its norms by where they
+    apply, and either a dense gated MLP (gate_up, down, act_fn) or a sparse one (`moe`, which
+    layers/fused_moe_decode.py runs). Norms are RMSNorms, projections the linear layers."""
+
+    attention: AttentionWeights
+    input_norm: nn.Module  # before attention
+    mlp_in_norm: nn.Module  # before the MLP
+    attn_out_norm: nn.Module | None = None  # on attention's output, before the residual add
+    mlp_out_norm: nn.Module | None = None  # on the MLP's output, before the residual add
+    gate_up: nn.Module | None = None
+    down: nn.Module | None = None
+    act_fn: nn.Module | None = None
+    moe: SparseMoeBlock | None = None
 
 
-class _Layer(ctypes.Structure):  # mirrors `Layer` in cpu_layer.c, field for field
-    _fields_ = [
-        *((name, _i64) for name in ("hidden", "heads", "kv_heads", "head_dim", "rotary_dim")),
-        ("inter", _i64),
-        ("window", _i64),
-        *((name, _f32) for name in ("eps", "scale", "softcap")),
-        ("unit_offset", _i32),
-        ("activation", _i32),
-        *((name, _ptr) for name in ("input_norm", "attn_out_norm", "mlp_in_norm")),
-        *((name, _ptr) for name in ("mlp_out_norm", "q_norm", "k_norm", "qkv_bias")),
-        ("inv_freq", _ptr),
-        ("k_cache", _ptr),
-        ("v_cache", _ptr),
-        *((name, _Projection) for name in ("qkv", "o", "gate_up", "down")),
-        ("kv_f16", _i32),  # the caches hold float16
-    ]
+def weights_of(layer: nn.Module) -> DecodeWeights:
+    """The layer's `decode_weights()`, asked once: the modules it names stay the layer's."""
+    weights = layer.__dict__.get("_decode_weights")
+    if weights is None:
+        weights = layer.__dict__["_decode_weights"] = layer.decode_weights()
+    return weights
 
 
 _UNSUPPORTED = object()  # a layer's cached verdict: no C path
@@ -68,7 +83,7 @@ def run(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | 
 
 
 def run_attention(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
-    """`hidden + self_attn(input_layernorm(hidden))` for a decode-only step, in place in
+    """`hidden + attention(input_norm(hidden))` for a decode-only step, in place in
     `hidden` (the MLP is not run, nor need it have C kernels: a mixture-of-experts layer's
     sparse MLP runs in kernels/cpu_moe.c), or None where the C path does not apply."""
     return _run(layer, positions, hidden, attention_only=True)
@@ -77,7 +92,7 @@ def run_attention(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch
 def usable_hidden(hidden: torch.Tensor, max_tokens: int = MAX_TOKENS) -> bool:
     """Whether a C decode layer takes these hidden states in place: float32 [T, hidden] on the
     CPU, contiguous, T <= max_tokens."""
-    if not ENABLED or hidden.dim() != 2 or hidden.shape[0] > max_tokens:
+    if hidden.dim() != 2 or hidden.shape[0] > max_tokens:
         return False
     return hidden.dtype == torch.float32 and hidden.device.type == "cpu" and hidden.is_contiguous()
 
@@ -116,7 +131,7 @@ def _run(layer, positions: torch.Tensor, hidden: torch.Tensor, attention_only: b
     if spec is None:
         return None
     tokens, threads = hidden.shape[0], torch.get_num_threads()
-    lib = _library()
+    lib = library()
     scratch = _scratch_for(lib.axon_decode_layer_scratch(spec, tokens, arguments[3], threads))
     decode = lib.axon_decode_attention if attention_only else lib.axon_decode_layer
     status = decode(spec, hidden.data_ptr(), tokens, *arguments, scratch.data_ptr(), threads)
@@ -136,75 +151,56 @@ def _scratch_for(floats: int) -> torch.Tensor:
     return _scratch
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = cpu_ops._library()
-    if lib is None:
-        return None
-    layer = ctypes.POINTER(_Layer)
-    lib.axon_decode_layer_scratch.argtypes = [layer, _i64, _i64, ctypes.c_int]
-    lib.axon_decode_layer_scratch.restype = _i64
-    for decode in (lib.axon_decode_layer, lib.axon_decode_attention):
-        decode.argtypes = [*(layer, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, ctypes.c_int)]
-    return lib
-
-
-def _spec_of(layer, attention_only: bool = False) -> _Layer | None:
+def _spec_of(layer, attention_only: bool = False) -> Layer | None:
     """The layer's C description, built once (again if the KV cache moved); None if unsupported.
     With attention_only, the MLP half is left out (zero projections)."""
     key = "_fused_attention_spec" if attention_only else "_fused_decode_spec"
-    cached = getattr(layer, key, None)
+    cached = layer.__dict__.get(key)
     if cached is _UNSUPPORTED:
         return None
-    attn = layer.self_attn.attn
-    if cached is not None and cached.k_cache == attn.k_cache.data_ptr():
+    if cached is not None and cached.k_cache == cached._attn.k_cache.data_ptr():
         return cached
-    spec = _build_spec(layer, attention_only)
-    setattr(layer, key, _UNSUPPORTED if spec is None else spec)
+    spec = _build_spec(weights_of(layer), attention_only)
+    layer.__dict__[key] = _UNSUPPORTED if spec is None else spec
     return spec
 
 
-def _build_spec(layer, attention_only: bool = False) -> _Layer | None:
-    self_attn = layer.self_attn
-    if _library() is None:
+def _build_spec(weights: DecodeWeights, attention_only: bool = False) -> Layer | None:
+    if library() is None:
         return None
-    projections = [self_attn.qkv_proj, self_attn.o_proj]
+    attention = weights.attention
+    projections = [attention.qkv, attention.o]
     if not attention_only:
-        projections += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
-    if any(p.bias is not None for p in projections[1:]) or self_attn.o_proj.tp_size != 1:
+        if weights.gate_up is None:  # a sparse MLP: fused_moe_decode's
+            return None
+        projections += [weights.gate_up, weights.down]
+    if any(p.bias is not None for p in projections[1:]) or attention.o.tp_size != 1:
         return None
-    weights = [_weights_of(p) for p in projections]
-    activation = 0 if attention_only else _activation_of(layer.mlp.act_fn)
-    attn, rope = self_attn.attn, self_attn.rotary_emb
-    tensors = [layer.input_layernorm.weight, rope.inv_freq]
-    if None in weights or activation is None or not all(_is_f32(t) for t in tensors):
+    prepared = [_weights_of(p) for p in projections]
+    activation = 0 if attention_only else _activation_of(weights.act_fn)
+    attn, rope, norm = attention.attn, attention.rotary, weights.input_norm
+    if None in prepared or activation is None or not cpu_ops.cache_usable(attn.k_cache):
         return None
-    if not cpu_ops.cache_usable(attn.k_cache):
+    if not (_is_f32(norm.weight) and _is_f32(rope.inv_freq)):
         return None
-    sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma: norms on both sides
-    norm = layer.input_layernorm
-    spec = _Layer(
+    spec = Layer(
         hidden=norm.weight.shape[0], heads=attn.num_heads, kv_heads=attn.num_kv_heads,
         head_dim=attn.head_dim, rotary_dim=rope.rotary_dim,
-        inter=0 if attention_only else weights[3].cols,
+        inter=0 if attention_only else prepared[3].cols,
         window=attn.sliding_window or 0, eps=norm.eps, scale=attn.scale,
         softcap=attn.logit_softcap or 0.0, unit_offset=int(norm.unit_offset),
         activation=activation, input_norm=norm.weight.data_ptr(),
-        attn_out_norm=_ptr_of(layer.post_attention_layernorm if sandwich else None),
-        mlp_in_norm=_ptr_of(
-            layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
-        ),
-        mlp_out_norm=_ptr_of(layer.post_feedforward_layernorm if sandwich else None),
-        q_norm=_ptr_of(getattr(self_attn, "q_norm", None)),
-        k_norm=_ptr_of(getattr(self_attn, "k_norm", None)),
-        qkv_bias=_ptr_of(self_attn.qkv_proj, "bias"), inv_freq=rope.inv_freq.data_ptr(),
-        k_cache=attn.k_cache.data_ptr(), v_cache=attn.v_cache.data_ptr(),
-        qkv=_projection(weights[0]), o=_projection(weights[1]),
-        kv_f16=int(attn.k_cache.dtype == torch.float16),
+        attn_out_norm=_ptr_of(weights.attn_out_norm), mlp_in_norm=_ptr_of(weights.mlp_in_norm),
+        mlp_out_norm=_ptr_of(weights.mlp_out_norm), q_norm=_ptr_of(attention.q_norm),
+        k_norm=_ptr_of(attention.k_norm), qkv_bias=_ptr_of(attention.qkv, "bias"),
+        inv_freq=rope.inv_freq.data_ptr(), k_cache=attn.k_cache.data_ptr(),
+        v_cache=attn.v_cache.data_ptr(), qkv=_projection(prepared[0]),
+        o=_projection(prepared[1]), kv_f16=int(attn.k_cache.dtype == torch.float16),
     )  # fmt: skip
     if not attention_only:
-        spec.gate_up, spec.down = _projection(weights[2]), _projection(weights[3])
-    spec._keep = weights  # the prepared weights (and their bytes) stay alive with the spec
+        spec.gate_up, spec.down = _projection(prepared[2]), _projection(prepared[3])
+    spec._keep = prepared  # the prepared weights (and their bytes) stay alive with the spec
+    spec._attn = attn  # whose cache address it holds (see _spec_of)
     return spec
 
 
@@ -232,10 +228,10 @@ def _ptr_of(module, name: str = "weight") -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _projection(weights: ggml_cpu.GGMLWeights) -> _Projection:
+def _projection(weights: ggml_cpu.GGMLWeights) -> Projection:
     count = len(weights.parts)  # the C call's arguments, as the weights prepared them
     types = list(weights._types) + [0] * (3 - count)
     pointers = list(weights._ptrs) + [None] * (3 - count)
     rows = list(weights._rows) + [0] * (3 - count)
-    return _Projection(count, int(weights.parallel), int(weights.int8), (_i32 * 3)(*types),
-                       (_ptr * 3)(*pointers), (_i64 * 3)(*rows))  # fmt: skip
+    return Projection(count, int(weights.parallel), int(weights.int8), (ctypes.c_int32 * 3)(*types),
+                      (ctypes.c_void_p * 3)(*pointers), (ctypes.c_int64 * 3)(*rows))  # fmt: skip

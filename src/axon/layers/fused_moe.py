@@ -371,13 +371,19 @@ class SparseMoeBlock(nn.Module):
         Not under tensor parallelism: the partials must be summed before the residual add."""
         if hidden.dim() != 2 or hidden.dtype != torch.float32 or not hidden.is_contiguous():
             return None
+        c_block = self.c_block(hidden, norm)
+        return None if c_block is None else c_block[0].add_block(hidden, c_block[1])
+
+    def c_block(
+        self, hidden: torch.Tensor, norm: nn.Module
+    ) -> tuple[cpu_moe.ExpertWeights, cpu_moe.MoeRouter] | None:
+        """The C experts and router (`norm` before it) that run this block in one call, or None:
+        tensor parallelism, or no C path for the experts or the router."""
         if self.experts.tp_size > 1:
             return None
         experts = self.experts._c_path(hidden)
         router = self._router_for(norm) if experts is not None else None
-        if router is None:
-            return None
-        return experts.add_block(hidden, router)
+        return None if router is None else (experts, router)
 
     def _router_for(self, norm: nn.Module) -> cpu_moe.MoeRouter | None:
         """The C router (built once, again if a weight moved), or None where unsupported."""

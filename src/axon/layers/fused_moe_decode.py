@@ -15,31 +15,26 @@ in a warm loop because it runs with the caches just flushed by the weights.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
 from axon.kernels import cpu_moe
+from axon.kernels.abi import FinalNorm, SparseLayer, library
 from axon.layers import fused_decode
 
-_ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 _UNSUPPORTED = object()  # a layer's cached verdict: no one-call path
-
-
-class _SparseLayer(ctypes.Structure):  # cpu_moe.c's `SparseLayer`: keep the order
-    _fields_ = [("attention", _ptr), ("experts", _ptr), ("router", _ptr), ("parallel", _i64)]
 
 
 class _Plan:
     """A layer's C description and what it points into (kept alive with it). It is stale when
     the KV cache moved or the experts were reloaded (FusedMoE drops its `_c_experts`)."""
 
-    def __init__(self, layer, spec, experts: cpu_moe.ExpertWeights, router: cpu_moe.MoeRouter):
+    def __init__(self, spec, moe, experts: cpu_moe.ExpertWeights, router: cpu_moe.MoeRouter):
         self.k_cache, self.experts = spec.k_cache, experts
         # Held to check staleness without nn.Module's attribute lookups (~1 us each).
-        self._attention, self._moe = layer.self_attn.attn, layer.mlp.experts
+        self._attention, self._moe = spec._attn, moe.experts
         self._keep = (spec, router)
-        self.struct = _SparseLayer(
+        self.struct = SparseLayer(
             ctypes.addressof(spec), experts.address, router.address, int(experts.parallel)
         )
         self.address = ctypes.addressof(self.struct)
@@ -51,10 +46,6 @@ class _Plan:
         return self.k_cache == self._attention.k_cache.data_ptr()
 
 
-class _FinalNorm(ctypes.Structure):  # cpu_moe.c's `FinalNorm`: keep the order
-    _fields_ = [("weight", _ptr), ("dim", _i64), ("eps", ctypes.c_float), ("unit_offset", _i32)]
-
-
 class _Stack:
     """A model's decoder layers as axon_decode_stack takes them: sparse ones by their _Plan,
     dense ones by fused_decode's layer spec (kept alive here), and the final norm."""
@@ -63,10 +54,10 @@ class _Stack:
         self.plans, self.norm_weight = plans, norm.weight
         sparse = [isinstance(plan, _Plan) for plan in plans]
         addresses = [p.address if s else ctypes.addressof(p) for p, s in zip(plans, sparse)]
-        self.layers = (_ptr * len(plans))(*addresses)
-        self.sparse = (_i32 * len(plans))(*sparse)
+        self.layers = (ctypes.c_void_p * len(plans))(*addresses)
+        self.sparse = (ctypes.c_int32 * len(plans))(*sparse)
         weight = norm.weight
-        self.norm = _FinalNorm(weight.data_ptr(), weight.shape[0], norm.eps, int(norm.unit_offset))
+        self.norm = FinalNorm(weight.data_ptr(), weight.shape[0], norm.eps, int(norm.unit_offset))
 
     def current(self, plans: list, norm) -> bool:
         """Whether it still describes these layers and this norm."""
@@ -90,7 +81,9 @@ def run_stack(layers, positions: torch.Tensor, hidden: torch.Tensor, norm) -> to
     if arguments is None:
         return None
     plans = [
-        _plan_of(layer, hidden) if layer.is_sparse else fused_decode._spec_of(layer)
+        _plan_of(layer, hidden)
+        if fused_decode.weights_of(layer).moe is not None
+        else fused_decode._spec_of(layer)
         for layer in layers
     ]
     if any(plan is None for plan in plans):
@@ -98,7 +91,7 @@ def run_stack(layers, positions: torch.Tensor, hidden: torch.Tensor, norm) -> to
     stack = layers.__dict__.get("_decode_stack")
     if stack is None or not stack.current(plans, norm):
         stack = layers.__dict__["_decode_stack"] = _Stack(plans, norm)
-    lib, tokens, threads = _library(), hidden.shape[0], torch.get_num_threads()
+    lib, tokens, threads = library(), hidden.shape[0], torch.get_num_threads()
     count, width = len(plans), arguments[3]
 
     def floats() -> int:
@@ -122,7 +115,7 @@ def run(layer, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | 
     plan = _plan_of(layer, hidden)
     if plan is None:
         return None
-    lib, tokens, threads = _library(), hidden.shape[0], torch.get_num_threads()
+    lib, tokens, threads = library(), hidden.shape[0], torch.get_num_threads()
 
     def floats() -> int:
         return lib.axon_sparse_layer_scratch(plan.address, tokens, arguments[3], threads)
@@ -153,14 +146,13 @@ def _plan_of(layer, hidden: torch.Tensor) -> _Plan | None:
         return None
     if cached is not None and cached.current():
         return cached
-    experts = layer.mlp.experts
+    weights = fused_decode.weights_of(layer)
     spec = fused_decode._spec_of(layer, attention_only=True)
-    c_experts = experts._c_path(hidden) if experts.tp_size == 1 else None
-    router = layer.mlp._router_for(layer.post_attention_layernorm) if c_experts else None
-    if spec is None or router is None or _library() is None:
+    c_block = weights.moe.c_block(hidden, weights.mlp_in_norm)
+    if spec is None or c_block is None or library() is None:
         layer.__dict__["_sparse_decode_plan"] = _UNSUPPORTED
         return None
-    plan = _Plan(layer, spec, c_experts, router)
+    plan = _Plan(spec, weights.moe, *c_block)
     layer.__dict__["_sparse_decode_plan"] = plan
     return plan
 
@@ -169,18 +161,3 @@ def _grow_scratch(floats: int) -> None:
     global _scratch
     if _scratch.numel() < floats:
         _scratch = torch.empty(floats, dtype=torch.float32)
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = cpu_moe._library()
-    if lib is None:
-        return None
-    lib.axon_sparse_layer_scratch.argtypes = [_ptr, _i64, _i64, ctypes.c_int]
-    lib.axon_sparse_layer_scratch.restype = _i64
-    step = (_i64, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, ctypes.c_int)  # tokens .. threads
-    lib.axon_sparse_decode_layer.argtypes = [_ptr, _ptr, *step]
-    lib.axon_decode_stack_scratch.argtypes = [_ptr, _ptr, _i64, _i64, _i64, ctypes.c_int]
-    lib.axon_decode_stack_scratch.restype = _i64
-    lib.axon_decode_stack.argtypes = [_ptr, _ptr, _i64, _ptr, _ptr, *step]
-    return lib

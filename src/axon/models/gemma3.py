@@ -4,9 +4,12 @@ embeddings scaled by sqrt(hidden_size)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from axon.layers import fused_decode
+from axon.layers.fused_decode import DecodeWeights
 from axon.layers.norm import RMSNorm
 from axon.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
@@ -38,6 +41,14 @@ class Gemma3DecoderLayer(LlamaDecoderLayer):
         hidden = hidden + self.post_attention_layernorm(attn_out)
         mlp_out = self.mlp(self.pre_feedforward_layernorm(hidden))
         return hidden + self.post_feedforward_layernorm(mlp_out)
+
+    def decode_weights(self) -> DecodeWeights:
+        """Llama's, with the norms on both sides of attention and of the MLP."""
+        return replace(
+            super().decode_weights(), attn_out_norm=self.post_attention_layernorm,
+            mlp_in_norm=self.pre_feedforward_layernorm,
+            mlp_out_norm=self.post_feedforward_layernorm,
+        )  # fmt: skip
 
 
 class Gemma3Model(LlamaModel):

@@ -10,6 +10,7 @@ from axon.layers import fused_decode
 from axon.layers.activation import get_act_and_mul
 from axon.layers.attention import Attention
 from axon.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from axon.layers.fused_decode import AttentionWeights, DecodeWeights
 from axon.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from axon.layers.norm import RMSNorm
 from axon.layers.rotary import RotaryEmbedding
@@ -61,6 +62,13 @@ class LlamaAttention(nn.Module):
     def attention_scale(self, config) -> float:
         return self.head_dim**-0.5
 
+    def decode_weights(self) -> AttentionWeights:
+        """Its modules for the one-call C decode layer (layers/fused_decode.py)."""
+        q_norm, k_norm = (self.q_norm, self.k_norm) if self.use_qk_norm else (None, None)
+        return AttentionWeights(
+            self.qkv_proj, self.o_proj, self.rotary_emb, self.attn, q_norm=q_norm, k_norm=k_norm
+        )
+
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -105,6 +113,14 @@ class LlamaDecoderLayer(nn.Module):
             return fused
         hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden))
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def decode_weights(self) -> DecodeWeights:
+        """Its modules for the one-call C decode layer (layers/fused_decode.py)."""
+        mlp = self.mlp
+        return DecodeWeights(
+            self.self_attn.decode_weights(), self.input_layernorm, self.post_attention_layernorm,
+            gate_up=mlp.gate_up_proj, down=mlp.down_proj, act_fn=mlp.act_fn,
+        )  # fmt: skip
 
 
 class LlamaModel(nn.Module):

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from axon.layers import fused_decode, fused_moe_decode
+from axon.layers.fused_decode import DecodeWeights
 from axon.layers.fused_moe import SparseMoeBlock, expert_packed_mapping
 from axon.layers.norm import RMSNorm
 from axon.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
@@ -50,6 +51,15 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
         if fused is not None:
             return fused
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def decode_weights(self) -> DecodeWeights:
+        """A dense layer's as Llama's; a sparse one's MLP is its SparseMoeBlock."""
+        if not self.is_sparse:
+            return super().decode_weights()
+        attention = self.self_attn.decode_weights()
+        return DecodeWeights(
+            attention, self.input_layernorm, self.post_attention_layernorm, moe=self.mlp
+        )
 
 
 class Qwen3MoeModel(LlamaModel):
