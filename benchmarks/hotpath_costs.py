@@ -22,7 +22,6 @@ import torch
 
 from axon.demo import demo_model_path
 from axon.engine.output_processor import RequestState
-from axon.loader.gguf_tokenizer import load_gguf_tokenizer
 from axon.outputs import TokenUpdate
 from axon.sampling import SamplingMetadata
 from axon.sampling.penalties import PenaltyCounts, penalty_tensors_ref
@@ -31,6 +30,7 @@ from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence, SequenceStatus
 from axon.server.openai_completions import _CompletionContext
 from axon.server.protocol import CompletionRequest, sse
+from axon.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 
 CPU = torch.device("cpu")
 ROWS = 16

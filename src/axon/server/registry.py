@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from axon.server import discovery
 from axon.server.config import ServerConfig
 from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound, ModelUnavailable
 from axon.server.node_protocol import HARNESS, ModelInfo, ModelSpec
@@ -35,7 +36,7 @@ class Conflict(AxonHTTPError):
 
 
 async def _start_served_model(*args, **kwargs):
-    from axon.server.served_model import ServedModel  # the engine stack loads on first use
+    from axon.server.served_model import ServedModel  # lazy: the engine stack, on first use
 
     return await ServedModel.start(*args, **kwargs)
 
@@ -347,9 +348,7 @@ async def check_placement(spec: ModelSpec) -> None:
             f"devices lists {len(devices)} GPUs for {ranks} rank(s): give one device per rank",
             param="devices",
         )
-    from axon.server.discovery import gpu_indices
-
-    present = await asyncio.to_thread(gpu_indices)
+    present = await asyncio.to_thread(discovery.gpu_indices)
     missing = [device for device in devices if device not in present]
     if missing:
         have = f"its GPUs are {list(present)}" if present else "it has no NVIDIA GPU"
