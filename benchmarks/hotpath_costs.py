@@ -28,8 +28,8 @@ from axon.sampling.penalties import PenaltyCounts, penalty_tensors_ref
 from axon.sampling.sampler import apply_penalties_
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence, SequenceStatus
-from axon.server.openai_completions import _CompletionContext
-from axon.server.protocol import CompletionRequest, sse
+from axon.server.routes.openai_completions import _CompletionContext
+from axon.server.schemas.protocol import CompletionRequest, sse
 from axon.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 
 CPU = torch.device("cpu")

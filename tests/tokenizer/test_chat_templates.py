@@ -10,10 +10,10 @@ import logging
 
 import pytest
 
+from axon.server.chat_pipeline import chat_prompt
 from axon.server.errors import Unprocessable
-from axon.server.openai_chat import chat_prompt
-from axon.server.protocol import ChatCompletionRequest, parse_request
-from axon.server.served_model import ServedModel
+from axon.server.lifecycle.served_model import ServedModel
+from axon.server.schemas.protocol import ChatCompletionRequest, parse_request
 from axon.tokenizer.chat_template import (
     CHATML_TEMPLATE,
     ChatTemplateError,

@@ -25,16 +25,16 @@ import sys
 from axon.cli import ADAPTIVE_HELP, DTYPES, INT8_HELP, KV_DTYPE_HELP
 from axon.demo import DEMO_MODEL_ID, demo_model_path
 from axon.server.config import ServerConfig, load_config
-from axon.server.early_engine import spawn_first_model
 from axon.server.errors import AxonHTTPError, ModelUnavailable
-from axon.server.multinode import (
+from axon.server.lifecycle.early_engine import spawn_first_model
+from axon.server.lifecycle.multinode import (
     add_multinode_args,
     multinode_args,
     multinode_starter,
     run_headless_node,
 )
-from axon.server.node_protocol import EngineArgs, ModelSpec
-from axon.server.registry import ActivationTracker, ModelRegistry
+from axon.server.lifecycle.registry import ActivationTracker, ModelRegistry
+from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
 from axon.server.state import AppState
 
 logger = logging.getLogger("axon.serve")

@@ -12,7 +12,7 @@ import logging
 import os
 
 from axon.config import EngineConfig
-from axon.server.registry import _start_served_model
+from axon.server.lifecycle.registry import _start_served_model
 
 MULTINODE_FLAGS = ("nnodes", "node_rank", "master_addr", "master_port")
 

@@ -22,8 +22,8 @@ from axon.server.errors import (
     Overloaded,
     Unprocessable,
 )
-from axon.server.frontend import load_frontend, load_generation_defaults
 from axon.server.images import ImageFrontend, media_policy
+from axon.server.lifecycle.frontend import load_frontend, load_generation_defaults
 from axon.tokenizer.chat_template import ChatTemplate, ChatTemplateError, render_chat
 
 logger = logging.getLogger(__name__)

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from axon.server import discovery
 from axon.server.config import ServerConfig
 from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound, ModelUnavailable
-from axon.server.node_protocol import HARNESS, ModelInfo, ModelSpec
-from axon.server.sources import read_chat_template, resolve_model
+from axon.server.lifecycle import discovery
+from axon.server.lifecycle.sources import read_chat_template, resolve_model
+from axon.server.schemas.node_protocol import HARNESS, ModelInfo, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,8 @@ class Conflict(AxonHTTPError):
 
 
 async def _start_served_model(*args, **kwargs):
-    from axon.server.served_model import ServedModel  # lazy: the engine stack, on first use
+    # lazy: the engine stack, on first use
+    from axon.server.lifecycle.served_model import ServedModel
 
     return await ServedModel.start(*args, **kwargs)
 

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from axon.server.discovery import host_memory
 from axon.server.errors import BadRequest
+from axon.server.lifecycle.discovery import host_memory
 
 HARNESS = "axon"
 ModelStatus = Literal["loading", "loaded", "poisoned", "recovering"]

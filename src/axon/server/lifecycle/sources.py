@@ -23,14 +23,14 @@ from pathlib import Path
 from axon.cache_dir import cache_dir as axon_cache_dir
 from axon.server.config import HUGGINGFACE, ServerConfig, SourceConfig
 from axon.server.errors import BadRequest, Unprocessable
-from axon.server.local_paths import (
+from axon.server.lifecycle.local_paths import (
     PATH_PREFIXES,
     list_checkpoint_files,
     local_model_path,
     not_allowed,
     shown,
 )
-from axon.server.node_protocol import ModelSpec
+from axon.server.schemas.node_protocol import ModelSpec
 from axon.tokenizer.chat_template import ChatTemplate, load_template_file
 
 logger = logging.getLogger(__name__)
