@@ -13,10 +13,12 @@ server stack) out of a light process; it says why on its line (or the line above
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+ARCHITECTURE = SRC.parent / "docs" / "architecture.md"
 ROOT = SRC / "axon"
 
 # Top to bottom. A module may import from its own floor or any floor below; within a floor the
@@ -168,6 +170,13 @@ def test_every_module_has_a_floor():
 def test_the_table_names_only_what_exists():
     assert set(FLOOR) <= {part_of(module) for module in MODULES}
     assert all(pair[0] in MODULES for pair in KNOWN_ELSEWHERE), "a KNOWN_ELSEWHERE entry is stale"
+
+
+def test_the_architecture_page_draws_the_same_floors():
+    section = ARCHITECTURE.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if re.match(r"\| \d+ \|", line)]
+    drawn = [tuple(re.findall(r"`(\w+)`", row[2])) for row in rows]
+    assert drawn == FLOORS, "docs/architecture.md's table differs from FLOORS"
 
 
 def test_imports_only_reach_down():
