@@ -214,6 +214,9 @@ class EventStream(StreamingResponse):
             raise failure
 
 
+# ---- the request's model -------------------------------------------------------------------
+
+
 def served_model(request: Request, model_id: str):
     """The loaded model `model_id`; raises ModelNotFound (404) or ModelUnavailable (503)."""
     return request.app.state.axon.registry.get(model_id)
