@@ -22,15 +22,15 @@ import torch
 
 from axon.demo import demo_model_path
 from axon.engine.output_processor import RequestState
-from axon.loader.gguf_tokenizer import load_gguf_tokenizer
 from axon.outputs import TokenUpdate
 from axon.sampling import SamplingMetadata
 from axon.sampling.penalties import PenaltyCounts, penalty_tensors_ref
 from axon.sampling.sampler import apply_penalties_
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence, SequenceStatus
-from axon.server.openai_completions import _CompletionContext
-from axon.server.protocol import CompletionRequest, sse
+from axon.server.routes.openai_completions import _CompletionContext
+from axon.server.schemas.protocol import CompletionRequest, sse
+from axon.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 
 CPU = torch.device("cpu")
 ROWS = 16

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from axon.server.serve import add_serve_args  # light: the server stack loads in run_serve
+    from axon.server.serve import add_serve_args  # lazy: the server stack loads in run_serve
 
     serve = commands.add_parser("serve", help="run the HTTP server (OpenAI API + node API)")
     add_serve_args(serve)
@@ -228,7 +228,7 @@ def _load(ns: argparse.Namespace) -> tuple[Any, Any]:
     """Returns (LLM, SamplingParams) built from the flags; the first import of torch is here."""
     if not Path(ns.model).exists():
         raise FileNotFoundError(f"--model {ns.model!r}: no such file or directory")
-    from axon import LLM, SamplingParams
+    from axon import LLM, SamplingParams  # lazy: the engine stack (torch)
 
     sampling_params = SamplingParams(**sampling_kwargs_from_namespace(ns))
     return LLM(model=ns.model, **engine_args_from_namespace(ns)), sampling_params
@@ -253,7 +253,7 @@ def _cmd_chat(ns: argparse.Namespace) -> int:
 def _cmd_tp_smoke(ns: argparse.Namespace) -> int:
     """Prints `status=ok tp_size=N devices=...`; a failure is `status=failed ... reason=...` on
     stderr and exit status 1."""
-    from axon.distributed.smoke import run_smoke, smoke_devices
+    from axon.distributed.smoke import run_smoke, smoke_devices  # lazy: torch
 
     devices = smoke_devices(ns.tp_size, ns.devices, ns.device)
     names = ",".join(str(d.index) if d.type == "cuda" else d.type for d in devices)
@@ -271,7 +271,7 @@ def _cmd_tp_smoke(ns: argparse.Namespace) -> int:
 
 def _add_bench_command(commands: Any) -> None:
     """`axon bench serve`: the serving benchmark (axon.bench.serve) against any OpenAI URL."""
-    from axon.bench.args import add_bench_serve_args  # argparse only
+    from axon.bench.args import add_bench_serve_args  # lazy: argparse only, not the client
 
     bench = commands.add_parser("bench", help="benchmark a running server")
     kinds = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
@@ -281,13 +281,13 @@ def _add_bench_command(commands: Any) -> None:
 
 
 def _cmd_bench_serve(ns: argparse.Namespace) -> int:
-    from axon.bench.serve import run_bench_serve
+    from axon.bench.serve import run_bench_serve  # lazy: the benchmark client (httpx)
 
     return run_bench_serve(ns)
 
 
 def _cmd_serve(ns: argparse.Namespace) -> int:
-    from axon.server.serve import run_serve
+    from axon.server.serve import run_serve  # lazy: the server stack, for serve only
 
     return run_serve(ns)
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import sys
 import time
 
+from axon.demo import demo_model_path
+from axon.kernels import build
+from axon.tokenizer.gguf_tokenizer import load_gguf_tokenizer
+
 
 def main() -> int:
     """Prints one line per step with its time; returns the exit status."""
-    from axon.demo import demo_model_path
-    from axon.kernels import build
-    from axon.loader.gguf_tokenizer import load_gguf_tokenizer
-
     started = time.monotonic()
     library = build.load()
     print(

@@ -33,8 +33,8 @@ from axon.layers.fused_moe import FusedMoE
 from axon.runner.tensor_parallel import check_tp_support
 from axon.server.config import ServerConfig
 from axon.server.errors import Unprocessable
-from axon.server.node_protocol import ModelSpec
-from axon.server.sources import resolve_model
+from axon.server.lifecycle.sources import resolve_model
+from axon.server.schemas.node_protocol import ModelSpec
 from quant.test_gguf_moe import VOCAB_SIZE, _converted, converter  # noqa: F401 (fixture)
 from tests.model.qwen3_5_tiny import _VISION, _perturb, qwen3_5_engine_kwargs
 from tests.model.test_moe import _config, write_moe

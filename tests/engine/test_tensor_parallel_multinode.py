@@ -17,7 +17,7 @@ from axon.cli import build_parser
 from axon.config import EngineConfig
 from axon.distributed.parallel_state import ALLREDUCE_ENV, tp_allreduce_path
 from axon.distributed.workers import STEP_TIMEOUT_ENV, RankFailed
-from axon.server.multinode import multinode_args
+from axon.server.lifecycle.multinode import multinode_args
 from tests.model.tiny_models import get_tiny_model, random_prompts
 from tests.server.conftest import (
     MODEL_ID,

@@ -154,7 +154,7 @@ def test_a_huge_prompt_stalls_neither_health_nor_another_models_stream(fleet):
 def test_docs_and_schema_need_the_api_key():
     from axon.server.app import create_app
     from axon.server.config import ServerConfig
-    from axon.server.registry import ModelRegistry
+    from axon.server.lifecycle.registry import ModelRegistry
     from axon.server.state import AppState
 
     config = ServerConfig(api_key="k")

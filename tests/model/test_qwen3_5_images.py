@@ -20,7 +20,7 @@ from transformers import GenerationConfig, Qwen3_5Config, Qwen3_5ForConditionalG
 from axon import LLM, SamplingParams
 from axon.config import EngineConfig
 from axon.engine.client import EngineClient
-from axon.models.mrope import expand_image_placeholders
+from axon.multimodal.placeholders import expand_image_placeholders
 from axon.multimodal.processor import ImageProcessor, ProcessorConfig
 
 from .qwen3_5_tiny import _TEXT, _VISION, _perturb, qwen3_5_engine_kwargs, write_qwen3_5

@@ -19,8 +19,8 @@ from transformers import GenerationConfig, Qwen3VLConfig
 from transformers import Qwen3VLForConditionalGeneration as HFQwen3VL
 
 from axon import LLM, SamplingParams
-from axon.models.mrope import expand_image_placeholders
 from axon.models.qwen3_vl import Qwen3VLForConditionalGeneration
+from axon.multimodal.placeholders import expand_image_placeholders
 from axon.multimodal.processor import ImageProcessor, ProcessorConfig
 
 from .tiny_models import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, TinyModel, write_checkpoint

@@ -84,7 +84,7 @@ def _chat_message(tokenizer, text: str, streamed: bool) -> dict:
     from axon.outputs import TokenUpdate
     from axon.sampling_params import SamplingParams
     from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
-    from axon.server.protocol import SampleCursor
+    from axon.server.schemas.protocol import SampleCursor
     from axon.tokenizer.parsers import parser_family
 
     prompt = "<|im_start|>user\nadd<|im_end|>\n<|im_start|>assistant\n"

@@ -11,8 +11,8 @@ from gguf import GGMLQuantizationType as Q
 from axon import LLM, SamplingParams
 from axon.server.config import ServerConfig
 from axon.server.errors import Unprocessable
-from axon.server.node_protocol import ModelSpec
-from axon.server.sources import resolve_model
+from axon.server.lifecycle.sources import resolve_model
+from axon.server.schemas.node_protocol import ModelSpec
 from model.tiny_models import _MODEL_CLASSES, SEED, _perturb, make_config, random_prompts
 from quant.gguf_files import build_gguf_model, write_gguf
 

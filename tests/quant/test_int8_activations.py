@@ -22,7 +22,7 @@ from axon import LLM, SamplingParams
 from axon.cache_dir import cache_dir
 from axon.config import EngineConfig
 from axon.kernels import abi, build, ggml_cpu, ggml_q8
-from axon.server.node_protocol import ModelSpec
+from axon.server.schemas.node_protocol import ModelSpec
 from model.tiny_models import random_prompts
 from quant.gguf_files import build_gguf_model, write_gguf
 from quant.test_dequant import COLS, ROWS, _raw

@@ -421,7 +421,7 @@ def test_tool_history_renders_as_chats_tool_messages(byte_claude, byte_server):
 
 
 def test_translation_of_blocks():
-    from axon.server.anthropic_protocol import MessagesRequest, chat_messages
+    from axon.server.schemas.anthropic_protocol import MessagesRequest, chat_messages
 
     image = {"type": "base64", "media_type": "image/png", "data": "AAAA"}
     body = MessagesRequest.model_validate(
@@ -456,7 +456,7 @@ def test_translation_of_blocks():
 
 
 def test_stop_reasons():
-    from axon.server.anthropic import _MessageContext
+    from axon.server.routes.anthropic import _MessageContext
 
     body = SimpleNamespace(max_tokens=100, stop_sequences=["END"])
     context = _MessageContext(body, None, None, SimpleNamespace(max_tokens=10))

@@ -13,7 +13,7 @@ from axon.server.config import (
     load_config,
     parse_env_value,
 )
-from axon.server.node_protocol import EngineArgs, ModelSpec
+from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
 from axon.server.serve import config_from_namespace
 
 TOML = """

@@ -17,10 +17,10 @@ from axon.cache_dir import cache_dir
 from axon.config import EngineConfig
 from axon.engine.client import Liveness
 from axon.engine.spawn import SpawnedEngine
-from axon.loader.gguf_tokenizer import load_gguf_tokenizer
 from axon.server.config import ServerConfig
-from axon.server.early_engine import EarlyEngine, spawn_first_model
-from axon.server.node_protocol import ModelSpec
+from axon.server.lifecycle.early_engine import EarlyEngine, spawn_first_model
+from axon.server.schemas.node_protocol import ModelSpec
+from axon.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 from quant.gguf_files import build_gguf_model, write_gguf
 
 from .conftest import spawn_serve, stop_server

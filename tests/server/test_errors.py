@@ -263,7 +263,7 @@ def test_logit_bias_moves_the_greedy_token(http):
 def test_kv_cache_memory_beyond_the_host_is_refused():
     from pydantic import ValidationError
 
-    from axon.server.node_protocol import ModelSpec
+    from axon.server.schemas.node_protocol import ModelSpec
 
     assert ModelSpec(model_id="m", kv_cache_memory="64M").kv_cache_memory == 64 << 20
     with pytest.raises(ValidationError) as raised:

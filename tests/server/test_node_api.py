@@ -9,12 +9,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from axon.server import discovery
 from axon.server.app import create_app
 from axon.server.config import ServerConfig
 from axon.server.errors import ModelNotFound, ModelUnavailable, Unprocessable
-from axon.server.node_protocol import EngineArgs, ModelSpec
-from axon.server.registry import ActivationTracker, ModelRegistry
+from axon.server.lifecycle import discovery
+from axon.server.lifecycle.registry import ActivationTracker, ModelRegistry
+from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
 from axon.server.state import AppState
 
 KEY = "s3cret"
@@ -495,7 +495,7 @@ def test_tensor_parallel_and_devices_are_never_silently_ignored(monkeypatch):
 
 
 def test_devices_pin_the_engine_to_those_gpus():
-    from axon.server.served_model import _device_env
+    from axon.server.lifecycle.served_model import _device_env
 
     assert _device_env(ModelSpec(model_id="m", devices=[2, 3])) == {"CUDA_VISIBLE_DEVICES": "2,3"}
     assert _device_env(ModelSpec(model_id="m")) == {}

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from axon.server.errors import BadRequest, ContextLengthExceeded
-from axon.server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from axon.server.sampling import build_sampling_params
+from axon.server.schemas.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 
 from .conftest import MAX_MODEL_LEN, MODEL_ID
 

@@ -15,12 +15,11 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from axon.server import local_paths
 from axon.server.config import ServerConfig, SourceConfig
 from axon.server.errors import BadRequest, Unprocessable
-from axon.server.local_paths import PathNotAllowed, list_checkpoint_files
-from axon.server.node_protocol import ModelSpec
-from axon.server.sources import (
+from axon.server.lifecycle import local_paths
+from axon.server.lifecycle.local_paths import PathNotAllowed, list_checkpoint_files
+from axon.server.lifecycle.sources import (
     allowed_local_roots,
     is_repo_id,
     local_model_path,
@@ -32,6 +31,7 @@ from axon.server.sources import (
     resolve_model,
     resolve_source,
 )
+from axon.server.schemas.node_protocol import ModelSpec
 from tests.model.tiny_models import get_tiny_model
 
 GGUF_FILES = ["Qwen3-0.6B-Q4_K_M.gguf", "Qwen3-0.6B-Q8_0.gguf", "Qwen3-0.6B-F16.gguf"]

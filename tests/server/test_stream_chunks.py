@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from axon.sampling_params import SamplingParams
-from axon.server.openai_completions import _CompletionContext, merge
-from axon.server.protocol import CompletionRequest, sse
+from axon.server.generation import merge
+from axon.server.routes.openai_completions import _CompletionContext
+from axon.server.schemas.protocol import CompletionRequest, sse
 
 TEXTS = ["", " sea", 'a "quoted"\\ back\nslash', "naïve 日本語 🙂", "\u2028\x00\t</script>"]
 

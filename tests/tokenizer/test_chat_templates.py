@@ -10,12 +10,13 @@ import logging
 
 import pytest
 
+from axon.server.chat_pipeline import chat_prompt
 from axon.server.errors import Unprocessable
-from axon.server.openai_chat import chat_prompt
-from axon.server.protocol import ChatCompletionRequest, parse_request
-from axon.server.served_model import ServedModel
+from axon.server.lifecycle.served_model import ServedModel
+from axon.server.schemas.protocol import ChatCompletionRequest, parse_request
 from axon.tokenizer.chat_template import (
     CHATML_TEMPLATE,
+    ChatTemplateError,
     content_format,
     find_chat_template,
     load_template_file,
@@ -243,7 +244,7 @@ def test_named_templates_select_like_transformers(tmp_path, qwen3_tokenizer):
     reference = copy.copy(qwen3_tokenizer)
     reference.chat_template = template
     assert reference.apply_chat_template(messages, tools=TOOLS, tokenize=False) == "Tget_weather"
-    with pytest.raises(Unprocessable) as info:
+    with pytest.raises(ChatTemplateError) as info:
         render_chat(qwen3_tokenizer, messages, chat_template={"other": "x"})
     assert info.value.code == "template_render_failed"
 

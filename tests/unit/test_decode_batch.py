@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from axon.engine.scheduler import SchedulerOutput
+from axon.batch import SchedulerOutput
 from axon.runner.decode_batch import HostBuffers, decode_inputs, is_decode_only
 from axon.sampling_params import SamplingParams
 from axon.sequence import ImageInputs, Sequence

@@ -16,7 +16,7 @@ from axon.runner.memory import plan_kv_cache
 from axon.server.config import load_config
 from axon.server.errors import BadRequest
 from axon.server.images import ImageFrontend, image_parts, media_policy
-from axon.server.node_protocol import EngineArgs
+from axon.server.schemas.node_protocol import EngineArgs
 from axon.server.serve import parse_mm_limits
 
 IMAGE, START, END = 90, 91, 92

@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from axon.cli import add_engine_args, build_parser, engine_args_from_namespace
 from axon.config import EngineConfig
 from axon.server.config import config_from_mapping
-from axon.server.multinode import multinode_args
-from axon.server.node_protocol import EngineArgs, ModelSpec
+from axon.server.lifecycle.multinode import multinode_args
+from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
 from axon.server.serve import add_serve_args, config_from_namespace
 from axon.settings import ENGINE, GENERATE, LLM, SERVE, SETTINGS, SPEC, TABLE, Setting, select
 

@@ -18,8 +18,8 @@ import torch
 
 from axon import cache_dir as start_cache
 from axon.kernels import build
-from axon.loader import gguf_tokenizer
 from axon.runner.host_memory import zeros
+from axon.tokenizer import gguf_tokenizer
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ import httpx
 from axon.bench.args import DEFAULT_CONCURRENCY
 from axon.bench.client import BenchPrompt, RequestConfig, run_level
 from axon.bench.metrics import DEFAULT_PERCENTILES, level_metrics
+from axon.bench.plot import plot_sweep, require_matplotlib
 from axon.bench.prompts import (
     LocalTokenizer,
     ServerTokenizer,
@@ -143,8 +144,6 @@ def run_bench_serve(ns: argparse.Namespace) -> int:
     levels = sweep_levels(ns)
     percentiles = ns.metric_percentiles or DEFAULT_PERCENTILES
     if ns.plot is not None:
-        from axon.bench.plot import plot_sweep, require_matplotlib
-
         require_matplotlib()  # before the run, not after it
     headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
     config, counted_by, warmups, prompts = _prepare(ns, levels, headers)

@@ -14,8 +14,8 @@ from axon.cache.block_manager import BlockManager
 from axon.cache.state_slots import StateSlotManager
 from axon.config import EngineConfig
 from axon.engine.pooler import Pooler
-from axon.engine.pooling import load_pooling_config, resolve_task
 from axon.engine.scheduler import Scheduler
+from axon.loader.pooling import load_pooling_config, resolve_task
 from axon.outputs import TokenUpdate
 from axon.runner.model_runner import ModelRunner
 from axon.sampling import SamplingMetadata
@@ -240,7 +240,7 @@ class EngineCore:
     def structured(self):
         """The grammar backend (llguidance), made on first use: most engines never need it."""
         if self._structured is None:
-            from axon.structured import StructuredOutputs
+            from axon.structured import StructuredOutputs  # lazy: llguidance, rarely needed
 
             path = self.config.tokenizer or self.config.model
             self._structured = StructuredOutputs(path, self.runner.vocab_size, self.eos_token_ids)

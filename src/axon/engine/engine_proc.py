@@ -36,7 +36,7 @@ from axon.distributed.workers import die_with_parent
 from axon.engine.engine_core import EngineCore
 from axon.engine.faults import InjectedDeviceFault, is_device_fault
 from axon.loader import progress
-from axon.loader.weights import parameter_bytes
+from axon.models.weights import parameter_bytes
 from axon.outputs import TokenUpdate
 from axon.runner.heap import release_freed_heap
 from axon.runner.threads import log_thread_policy
@@ -107,7 +107,7 @@ def _compile_kernels(core: EngineCore) -> None:
     """Builds the CPU kernel library now (once per machine, cached), inside the load deadline,
     so that the first step is not mistaken for a wedged one."""
     if core.runner.device.type == "cpu":
-        from axon.kernels import build
+        from axon.kernels import build  # lazy: only CPU engines build the C kernels
 
         build.load()
 

@@ -14,7 +14,7 @@ from PIL import Image
 from axon.config import EngineConfig
 from axon.engine.engine_core import EngineCore
 from axon.engine.output_processor import RequestState
-from axon.models.mrope import expand_image_placeholders
+from axon.multimodal.placeholders import expand_image_placeholders
 from axon.multimodal.processor import ImageProcessor, ProcessorConfig
 from axon.outputs import RequestOutput
 from axon.runner.heap import release_freed_heap

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from axon.engine.pooling import PoolingConfig
-from axon.engine.scheduler import SchedulerOutput
+from axon.batch import SchedulerOutput
+from axon.loader.pooling import PoolingConfig
 
 
 class Pooler:

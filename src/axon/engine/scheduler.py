@@ -19,30 +19,11 @@ from a snapshot, which the runner restores into the new slot.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
+from axon.batch import SchedulerOutput
 from axon.cache.block_manager import BlockManager
 from axon.cache.state_slots import StateSlotManager
 from axon.sequence import FinishReason, Sequence, SequenceStatus
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, num_new_tokens)
-    preempted: list[Sequence] = field(default_factory=list)
-    # Hybrid models: (state slot, snapshot index) copies the runner makes before the step ...
-    state_restores: list[tuple[int, int]] = field(default_factory=list)
-    # ... and (state slot, computed tokens, snapshot index): the slot's state once that many of
-    # its sequence's tokens are computed, captured during the step, inside a chunk or at its end.
-    state_saves: list[tuple[int, int, int]] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 class Scheduler:

@@ -21,11 +21,11 @@ def _engine_main(source, *args) -> None:
     """The engine process's entry point. It lives here, not in engine_proc, so that spawning
     an engine imports nothing heavy into the HTTP process (spawn pickles the target by name);
     `source` is the EngineConfig, or the (model, engine_args) it is built from."""
-    from axon.runner.threads import apply_thread_policy
+    from axon.runner.threads import apply_thread_policy  # lazy: engine process only
 
     apply_thread_policy()  # first: libgomp reads OMP_* once, when torch loads it
-    from axon.config import EngineConfig
-    from axon.engine.engine_proc import engine_process_main
+    from axon.config import EngineConfig  # lazy: this module imports only the stdlib
+    from axon.engine.engine_proc import engine_process_main  # lazy: torch, engine process only
 
     if not isinstance(source, EngineConfig):
         model, engine_args = source
@@ -62,7 +62,7 @@ class SpawnedEngine:
         source = self.source
         if not isinstance(source, tuple):
             return source == config and self._same(liveness, env)
-        from axon.config import EngineConfig
+        from axon.config import EngineConfig  # lazy: this module imports only the stdlib
 
         try:
             built = EngineConfig.from_kwargs(source[0], **source[1])

@@ -233,7 +233,7 @@ def use_int8_activations(model: nn.Module) -> int:
     (kernels/ggml_q8.py) at every step size, batch-1 decode included: linear layers, the one-call
     decoder layer (layers/fused_decode.py) and mixture-of-experts experts; returns how many GGML
     weights that covers. Raises ValueError when none (no GGUF weights on the CPU)."""
-    from axon.layers.fused_moe import QuantizedExperts  # that module imports this one
+    from axon.layers.fused_moe import QuantizedExperts  # lazy: that module imports this one
 
     kinds = (QuantizedMatmul, QuantizedParts, QuantizedEmbedding, QuantizedExperts)
     switched = 0

@@ -13,8 +13,8 @@ def is_gguf(path: str | Path) -> bool:
 def load_hf_config(path: str):
     """The transformers config of a model directory or GGUF file."""
     if is_gguf(path):
-        from axon.loader.gguf import open_gguf
-        from axon.loader.gguf_config import gguf_to_hf_config
+        from axon.loader.gguf import open_gguf  # lazy: torch
+        from axon.loader.gguf_config import gguf_to_hf_config  # lazy: torch
 
         return gguf_to_hf_config(open_gguf(str(path)))
     from transformers import AutoConfig
@@ -25,9 +25,9 @@ def load_hf_config(path: str):
 def iterate_weights(path: str) -> Iterator[tuple[str, object]]:
     """(hf_name, tensor) pairs of a model directory or GGUF file (QuantizedTensors for GGUF)."""
     if is_gguf(path):
-        from axon.loader.gguf import iterate_gguf_file
+        from axon.loader.gguf import iterate_gguf_file  # lazy: torch
 
         return iterate_gguf_file(path)
-    from axon.loader.safetensors import iterate_safetensors
+    from axon.loader.safetensors import iterate_safetensors  # lazy: torch
 
     return iterate_safetensors(path)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from axon.loader.weights import load_weights as route_weights
+from axon.models.weights import load_weights as route_weights
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, list[int], float], torch.Tensor]
 LAYER_NORM_EPS = 1e-6

@@ -29,6 +29,8 @@ import statistics
 import time
 from collections.abc import Iterator
 
+from axon.runner.threads import adaptive_counts
+
 logger = logging.getLogger(__name__)
 
 PROBE_TOKENS = 64  # steps of more tokens (prefill) run the chosen count, untimed
@@ -155,8 +157,6 @@ def for_engine(config, device) -> AdaptiveThreads | None:
     """The adaptive thread count of an engine on `device`, or None: off in the config, not a
     CPU device, several ranks (each would pick its own count), or a count the user set."""
     import torch
-
-    from axon.runner.threads import adaptive_counts
 
     if not config.adaptive_threads or device.type != "cpu" or config.tensor_parallel_size > 1:
         return None

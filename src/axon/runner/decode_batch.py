@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from axon.engine.scheduler import SchedulerOutput
+from axon.batch import SchedulerOutput
 from axon.layers.forward_context import AttentionMetadata
 from axon.sampling.metadata import row_range
 from axon.sequence import Sequence

@@ -8,9 +8,10 @@ import hashlib
 
 import torch
 
+from axon.batch import SchedulerOutput
 from axon.config import EngineConfig
-from axon.engine.scheduler import SchedulerOutput
-from axon.models.mrope import image_spans, mrope_positions
+from axon.models.mrope import mrope_positions
+from axon.multimodal.placeholders import image_spans
 from axon.multimodal.processor import ProcessorConfig
 from axon.sequence import ImageInputs, Sequence
 

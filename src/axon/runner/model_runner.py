@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from axon.batch import SchedulerOutput
 from axon.config import EngineConfig
-from axon.engine.pooling import resolve_task
-from axon.engine.scheduler import SchedulerOutput
 from axon.layers.attention import Attention
 from axon.layers.forward_context import AttentionMetadata, PrefillChunk, set_forward_context
 from axon.layers.linear_attention import GatedDeltaNet
 from axon.layers.quantized import use_int8_activations
 from axon.loader import load_hf_config, progress
-from axon.loader.weights import load_weights
+from axon.loader.pooling import resolve_task
 from axon.models.registry import get_model_class
+from axon.models.weights import load_weights
 from axon.runner import adaptive_threads, decode_batch, heap, host_memory, images, tensor_parallel
 from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
 from axon.sampling import Sampler

@@ -263,7 +263,7 @@ def worker_main(rank: int, store_path: str, conn, parent_pid: int, config, threa
     die_with_parent(parent_pid)
     torch.set_num_threads(threads)
     logging.basicConfig(level=level, format=f"%(asctime)s tp-rank{rank}[{os.getpid()}] %(message)s")
-    from axon.runner.model_runner import ModelRunner  # this module is imported by it
+    from axon.runner.model_runner import ModelRunner  # lazy: that module imports this one
 
     try:
         device = rank_device(config, rank)
@@ -277,7 +277,7 @@ def worker_main(rank: int, store_path: str, conn, parent_pid: int, config, threa
         conn.send(("load_failed", f"{type(exc).__name__}: {exc}"))
         return
     if device.type == "cpu":
-        from axon.kernels import build
+        from axon.kernels import build  # lazy: only CPU ranks build the C kernels
 
         build.load()  # before the first step, as the engine process does
     _serve_steps(runner, conn)
@@ -323,7 +323,7 @@ def remote_rank_main(rank: int, config: EngineConfig) -> int:
     """Rank `rank` on a node other than 0: join the group over TCP, take rank 0's engine
     arguments, load this rank's shard, then run every step rank 0 broadcasts. Returns 0 when
     rank 0 shuts the ranks down, 1 when it is gone or a step failed here."""
-    from axon.runner.model_runner import ModelRunner  # this module is imported by it
+    from axon.runner.model_runner import ModelRunner  # lazy: that module imports this one
 
     timeout = config.tp_step_timeout_s
     device = rank_device(config, rank)
@@ -343,7 +343,7 @@ def remote_rank_main(rank: int, config: EngineConfig) -> int:
     )
     runner = ModelRunner(config, rank=rank)
     if device.type == "cpu":
-        from axon.kernels import build
+        from axon.kernels import build  # lazy: only CPU ranks build the C kernels
 
         build.load()  # before the first step, as the engine process does
     return _serve_broadcast_steps(runner, control)

@@ -14,7 +14,10 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from axon.server import (
+from axon.server.errors import AxonHTTPError
+from axon.server.generation import ClientDisconnected, served_model
+from axon.server.lifecycle.sources import is_repo_id
+from axon.server.routes import (
     anthropic,
     embeddings,
     openai_chat,
@@ -22,10 +25,7 @@ from axon.server import (
     responses,
     utility_routes,
 )
-from axon.server.errors import AxonHTTPError
-from axon.server.openai_completions import ClientDisconnected, served_model
-from axon.server.protocol import param_of
-from axon.server.sources import is_repo_id
+from axon.server.schemas.protocol import param_of
 
 logger = logging.getLogger(__name__)
 models_router = APIRouter()
@@ -172,7 +172,7 @@ def create_app(state, lifespan=None) -> FastAPI:
     # Its own key check (x-api-key or a bearer token) and error shape: see anthropic.py.
     app.include_router(anthropic.router)
     app.include_router(utility_routes.open_router)
-    for module in ("axon.server.node_api", "axon.server.metrics"):
+    for module in ("axon.server.routes.node_api", "axon.server.metrics"):
         router = _optional(module, "router")
         if router is not None:
             app.include_router(router)

@@ -86,7 +86,7 @@ class ChatOutputPlan:
         if spec is None:
             return None
         spec["thinking"] = self._thinking()
-        from axon.structured import check_grammar
+        from axon.structured import check_grammar  # lazy: torch and llguidance, on demand
 
         try:
             check_grammar(spec)

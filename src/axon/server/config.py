@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from axon.server.node_protocol import EngineArgs, ModelSpec
+from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from axon.multimodal.fetch import MediaPolicy, fetch_image
 from axon.multimodal.image import InvalidImage
+from axon.multimodal.placeholders import expand_image_placeholders, image_spans
 from axon.multimodal.processor import (
     ImageProcessor,
     ProcessedImage,
@@ -146,8 +147,6 @@ class ImageFrontend:
         the way the engine lays images out. Raises BadRequest when the rendered prompt's
         placeholders do not match the images (a template that drops image parts, or a text
         that spells the placeholder tokens itself)."""
-        from axon.models.mrope import expand_image_placeholders, image_spans  # imports torch
-
         counts = [image.num_tokens for image in images.images]
         try:
             expanded = expand_image_placeholders(token_ids, counts, self.image_token_id)

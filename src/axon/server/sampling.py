@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from axon.sampling_params import SamplingParams
 from axon.server.errors import BadRequest, ContextLengthExceeded
-from axon.server.protocol import SamplingRequest
+from axon.server.schemas.protocol import SamplingRequest
 
 # What a field defaults to when neither the request nor generation_config.json sets it (OpenAI's
 # defaults; top_k/min_p/repetition_penalty disabled).

@@ -22,16 +22,19 @@ import signal
 import socket
 import sys
 
+from axon.demo import DEMO_MODEL_ID, demo_model_path
 from axon.server.config import ServerConfig, load_config
-from axon.server.early_engine import spawn_first_model
-from axon.server.multinode import (
+from axon.server.errors import AxonHTTPError, ModelUnavailable
+from axon.server.lifecycle.early_engine import spawn_first_model
+from axon.server.lifecycle.multinode import (
     add_multinode_args,
     multinode_args,
     multinode_starter,
     run_headless_node,
 )
-from axon.server.node_protocol import EngineArgs, ModelSpec
-from axon.server.registry import ActivationTracker
+from axon.server.lifecycle.registry import ActivationTracker, ModelRegistry
+from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
+from axon.server.state import AppState
 from axon.settings import ENGINE, SERVE, SPEC, add_flags, select
 from axon.settings import parse_mm_limits as parse_mm_limits  # --limit-mm-per-prompt's grammar
 
@@ -121,8 +124,6 @@ def with_demo_default(config: ServerConfig, ns: argparse.Namespace) -> ServerCon
     on first use) when neither MODEL nor default_models names one and --no-demo is not given."""
     if ns.model or config.default_models or getattr(ns, "no_demo", False):
         return config
-    from axon.demo import DEMO_MODEL_ID, demo_model_path
-
     path = demo_model_path()
     print(f"axon: no model given: serving {DEMO_MODEL_ID} ({path})", file=sys.stderr, flush=True)
     spec = ModelSpec(model_id=str(path), served_model_name=DEMO_MODEL_ID)
@@ -195,8 +196,6 @@ class AdmissionGate:
         if scope["type"] != "http" or not self.state.shutting_down or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        from axon.server.errors import ModelUnavailable
-
         error = ModelUnavailable("the server is shutting down", headers={"Retry-After": "10"})
         body = json.dumps(error.body()).encode()
         headers = [(b"content-type", b"application/json"), (b"retry-after", b"10")]
@@ -208,8 +207,6 @@ class AdmissionGate:
 async def load_default_models(registry, specs, tracker: ActivationTracker) -> None:
     """Loads `specs` one after another; a failure is recorded in `tracker` and skipped. Marks
     the tracker ready at the end."""
-    from axon.server.errors import AxonHTTPError
-
     for spec in specs:
         tracker.start(spec.served_id)
         try:
@@ -229,8 +226,9 @@ async def load_default_models(registry, specs, tracker: ActivationTracker) -> No
 def _make_server(config: ServerConfig, state):
     import uvicorn
 
+    # lazy: fastapi, uvicorn and the routes load to serve, not for `axon --help`
     from axon.server.app import create_app
-    from axon.server.edge import BodyLimits, guarded_protocol
+    from axon.server.edge import BodyLimits, guarded_protocol  # lazy: uvicorn
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -259,9 +257,6 @@ async def serve(config: ServerConfig, hard_exit: bool = False, starter=None, ear
     registry's model starter (see `multinode_starter`); `early`: the first startup model's
     engine, already spawned (see early_engine.py).
     """
-    from axon.server.registry import ModelRegistry
-    from axon.server.state import AppState
-
     try:
         sock = bind_socket(config.host, config.port)
     except OSError as exc:

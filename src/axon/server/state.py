@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 @dataclass
 class AppState:
     config: object  # axon.server.config.ServerConfig
-    registry: object  # axon.server.registry.ModelRegistry
+    registry: object  # axon.server.lifecycle.registry.ModelRegistry
     started_at: float = field(default_factory=time.time)
     activation: object | None = None  # the default-models activation tracker
     shutting_down: bool = False

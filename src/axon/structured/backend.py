@@ -21,6 +21,7 @@ from collections import OrderedDict
 import torch
 
 from axon.structured.grammars import build_grammar
+from axon.tokenizer.loading import load_tokenizer
 
 logger = logging.getLogger(__name__)
 # Compiled grammars kept per engine: every distinct schema or tool list is a new key, so the
@@ -90,8 +91,6 @@ class StructuredOutputs:
 
     def _build_tokenizer(self):
         from llguidance.hf import from_tokenizer
-
-        from axon.engine.llm import load_tokenizer
 
         hf_tokenizer = load_tokenizer(self.tokenizer_path)
         if hf_tokenizer is None:

@@ -20,11 +20,21 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from axon.server.errors import Unprocessable
-
 logger = logging.getLogger(__name__)
 
 ChatTemplate = str | dict[str, str]  # one template, or named ones ("default", "tool_use", ...)
+
+
+class ChatTemplateError(Exception):
+    """The request's messages do not render with the model's template (the request's fault:
+    the server answers 422 with `code`)."""
+
+    code = "template_render_failed"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -289,7 +299,7 @@ def _template_for(tokenizer, chat_template: ChatTemplate | None, tools: list | N
     try:
         return select_template(template, tools)
     except ValueError as exc:
-        raise Unprocessable(str(exc), code="template_render_failed") from None
+        raise ChatTemplateError(str(exc)) from None
 
 
 def render_chat(
@@ -303,9 +313,9 @@ def render_chat(
     """The prompt text for OpenAI-shaped `messages`, rendered by the tokenizer's
     `apply_chat_template` with `chat_template` (default: the tokenizer's; ChatML, warned once,
     when there is none). `chat_template_kwargs` reach the template and override the defaults.
-    Raises Unprocessable(code="template_render_failed") naming the reason when it fails."""
+    Raises ChatTemplateError naming the reason when it fails."""
     if tokenizer is None:
-        raise Unprocessable("this model has no tokenizer", code="template_render_failed")
+        raise ChatTemplateError("this model has no tokenizer")
     template = _template_for(tokenizer, chat_template, tools)
     extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_KWARGS}
     kwargs = {"add_generation_prompt": add_generation_prompt, **extra}
@@ -315,10 +325,9 @@ def render_chat(
             conversation, tools=tools, chat_template=template, tokenize=False, **kwargs
         )
     except Exception as exc:  # noqa: BLE001 - any template error is the request's fault
-        raise Unprocessable(
-            f"chat template failed to render: {type(exc).__name__}: {exc}",
-            code="template_render_failed",
+        raise ChatTemplateError(
+            f"chat template failed to render: {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(text, str):
-        raise Unprocessable("chat template rendered no text", code="template_render_failed")
+        raise ChatTemplateError("chat template rendered no text")
     return text

@@ -7,6 +7,10 @@ from __future__ import annotations
 import logging
 import threading
 
+from axon.loader import is_gguf
+from axon.tokenizer.auto_class import load_auto_tokenizer
+from axon.tokenizer.gguf_tokenizer import load_gguf_tokenizer
+
 logger = logging.getLogger(__name__)
 _TOKENIZER_LOAD = threading.Lock()
 
@@ -17,15 +21,10 @@ def load_tokenizer(path: str):
     transformers' lazy imports are not thread-safe (two at once: "cannot import name
     'AutoTokenizer'")."""
     with _TOKENIZER_LOAD:
-        from axon.loader import is_gguf
-        from axon.loader.gguf_tokenizer import load_gguf_tokenizer
-
         try:
             if is_gguf(path):
                 return load_gguf_tokenizer(path)
             # AutoTokenizer's choice of class without its torch import, once recorded.
-            from axon.tokenizer.auto_class import load_auto_tokenizer
-
             return load_auto_tokenizer(path)
         except (OSError, ValueError, TypeError) as exc:
             logger.warning("no tokenizer from %s (%s); only token-id prompts work", path, exc)

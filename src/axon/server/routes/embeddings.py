@@ -13,9 +13,9 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from axon.server.errors import BadRequest
+from axon.server.generation import or_disconnect, served_model, vocab_size
 from axon.server.offload import off_loop
-from axon.server.openai_completions import or_disconnect, served_model, vocab_size
-from axon.server.protocol import OpenAIModel, parse_request
+from axon.server.schemas.protocol import OpenAIModel, parse_request
 
 router = APIRouter()
 

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from axon.server.errors import AxonHTTPError, BadRequest
-from axon.server.request_checks import (
+from axon.server.schemas.request_checks import (
     check_content_parts,
     check_response_format,
     check_tool_choice,

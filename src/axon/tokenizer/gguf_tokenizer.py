@@ -28,6 +28,7 @@ import pickle
 from pathlib import Path
 
 from axon.cache_dir import cached_entry, discard, file_key
+from axon.tokenizer.auto_class import load_auto_tokenizer
 
 logger = logging.getLogger(__name__)
 PICKLE = "tokenizer.pickle"
@@ -44,8 +45,6 @@ def load_gguf_tokenizer(path: str | Path):
     path = Path(path)
     if (path.parent / "tokenizer.json").exists():
         # AutoTokenizer's class, recorded once: a repeat load imports neither torch nor it.
-        from axon.tokenizer.auto_class import load_auto_tokenizer
-
         return load_auto_tokenizer(str(path.parent))
     key = tokenizer_cache_key(path)
     built: list = []
@@ -147,7 +146,7 @@ def tokenizer_from_gguf(path: Path):
     """The tokenizer transformers builds from the GGUF metadata (slow: see the module doc)."""
     from transformers import AutoTokenizer
 
-    from axon.loader.gguf import release_freed_memory
+    from axon.loader.gguf import release_freed_memory  # lazy: imports torch
 
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     release_freed_memory()  # transformers parsed the whole file's metadata for it

@@ -1,27 +1,20 @@
 """`POST /v1/chat/completions`: the chat template renders the messages, the engine generates, and
 the answer goes back whole or as SSE chunks (role, one per token, finish, usage, `[DONE]`).
-Reasoning, tool calls and structured output: chat_output.py."""
+The prompt, images, output plan and sampling params: chat_pipeline.py; reasoning, tool calls and
+structured output: chat_output.py."""
 
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
 
 from fastapi import APIRouter, Request
 
 from axon.engine.output_processor import RequestState
-from axon.sampling_params import SamplingParams
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
-from axon.server.images import checked_image_parts, with_images
+from axon.server.chat_pipeline import prepare_chat
+from axon.server.generation import EventStream, Generation, or_disconnect, served_model
 from axon.server.offload import off_loop
-from axon.server.openai_completions import (
-    EventStream,
-    Generation,
-    or_disconnect,
-    served_model,
-    vocab_size,
-)
-from axon.server.protocol import (
+from axon.server.schemas.protocol import (
     ChatCompletionRequest,
     SampleCursor,
     chat_logprobs,
@@ -32,7 +25,6 @@ from axon.server.protocol import (
     sse,
     usage,
 )
-from axon.server.sampling import build_sampling_params
 
 router = APIRouter()
 
@@ -131,49 +123,6 @@ async def _chat_stream(generation: Generation, context: _ChatContext):
     finally:
         await generation.aclose()
     yield sse("[DONE]")
-
-
-def chat_prompt(
-    model, body: ChatCompletionRequest, param: str = "messages"
-) -> tuple[str, list[int]]:
-    """The rendered prompt and its token ids (the template adds the special tokens itself)."""
-    messages = [message.template_dict() for message in body.messages]
-    text = model.render_chat(
-        messages, body.tools, body.chat_template_kwargs, body.add_generation_prompt
-    )
-    return text, model.encode(text, add_special_tokens=False, param=param)
-
-
-class PreparedChat(NamedTuple):
-    text: str
-    prompt_ids: list[int]
-    plan: ChatOutputPlan
-    params: SamplingParams
-    images: dict | None  # the engine's image inputs, placeholders in prompt_ids expanded
-
-
-def prepare_chat(
-    model, body: ChatCompletionRequest, headers, sampling=None, prompt_field: str = "messages"
-) -> PreparedChat:
-    """Everything a chat request needs before the engine: the prompt text and ids, the output
-    plan, the sampling params (from `sampling`, default `body`: /v1/responses has its own
-    request) and the images, fetched, decoded and preprocessed, with the prompt's image
-    placeholders expanded. Request-sized, blocking work: run it off the event loop."""
-    messages = [message.template_dict() for message in body.messages]
-    parts = checked_image_parts(model, messages, prompt_field)
-    text, prompt_ids = chat_prompt(model, body, param=prompt_field)
-    plan = ChatOutputPlan.of(model, body, text, headers)
-    prompt_ids, images = with_images(model, parts, prompt_ids, prompt_field)
-    params = build_sampling_params(
-        sampling or body,
-        len(prompt_ids),
-        model.max_model_len,
-        model.generation_defaults,
-        prompt_field=prompt_field,
-        structured_output=plan.structured_output,
-        vocab_size=vocab_size(model),
-    )
-    return PreparedChat(text, prompt_ids, plan, params, images)
 
 
 @router.post("/v1/chat/completions")

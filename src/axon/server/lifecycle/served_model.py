@@ -20,10 +20,11 @@ from axon.server.errors import (
     EngineDead,
     ModelUnavailable,
     Overloaded,
+    Unprocessable,
 )
-from axon.server.frontend import load_frontend, load_generation_defaults
 from axon.server.images import ImageFrontend, media_policy
-from axon.tokenizer.chat_template import ChatTemplate, render_chat
+from axon.server.lifecycle.frontend import load_frontend, load_generation_defaults
+from axon.tokenizer.chat_template import ChatTemplate, ChatTemplateError, render_chat
 
 logger = logging.getLogger(__name__)
 
@@ -178,14 +179,17 @@ class ServedModel:
         add_generation_prompt: bool = True,
     ) -> str:
         """The prompt text for `messages`; raises Unprocessable(template_render_failed)."""
-        return render_chat(
-            self.tokenizer,
-            messages,
-            tools,
-            chat_template_kwargs,
-            add_generation_prompt,
-            chat_template=self.chat_template,
-        )
+        try:
+            return render_chat(
+                self.tokenizer,
+                messages,
+                tools,
+                chat_template_kwargs,
+                add_generation_prompt,
+                chat_template=self.chat_template,
+            )
+        except ChatTemplateError as exc:
+            raise Unprocessable(exc.message, code=exc.code) from exc
 
     def encode(
         self, text: str, add_special_tokens: bool = True, param: str | None = None

@@ -20,20 +20,24 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from axon.server.anthropic_protocol import CountTokensRequest, MessagesRequest, to_chat_request
 from axon.server.auth import bearer_token
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
+from axon.server.chat_pipeline import PreparedChat, prepare_chat
 from axon.server.errors import AxonHTTPError, Unauthorized
-from axon.server.offload import off_loop
-from axon.server.openai_chat import PreparedChat, prepare_chat
-from axon.server.openai_completions import (
+from axon.server.generation import (
     ClientDisconnected,
     EventStream,
     Generation,
     or_disconnect,
     served_model,
 )
-from axon.server.protocol import SampleCursor, parse_request, random_id, sse
+from axon.server.offload import off_loop
+from axon.server.schemas.anthropic_protocol import (
+    CountTokensRequest,
+    MessagesRequest,
+    to_chat_request,
+)
+from axon.server.schemas.protocol import SampleCursor, parse_request, random_id, sse
 
 logger = logging.getLogger(__name__)
 _ERROR_TYPES = {

@@ -11,6 +11,8 @@ import argparse
 import logging
 import os
 
+from axon.config import EngineConfig
+from axon.server.lifecycle.registry import _start_served_model
 from axon.settings import SETTINGS, add_flags
 
 MULTINODE_FLAGS = ("nnodes", "node_rank", "master_addr", "master_port")
@@ -44,8 +46,6 @@ def multinode_args(ns: argparse.Namespace) -> dict:
         raise ValueError("--nnodes and its flags apply to MODEL: name the model to load")
     if flags.get("node_rank", 0) != 0:
         raise ValueError(f"--node-rank {flags['node_rank']} serves no HTTP: add --headless")
-    from axon.config import EngineConfig  # validates the values (and the TP size with them)
-
     EngineConfig(model=ns.model, tensor_parallel_size=ns.tensor_parallel_size or 1, **flags)
     return flags
 
@@ -55,7 +55,6 @@ def multinode_starter(served_id: str, engine_args: dict):
     when it is recovered); None when there are none (the registry's own starter)."""
     if not engine_args:
         return None
-    from axon.server.registry import _start_served_model
 
     async def start(model_id: str, path, args: dict, *rest, **kwargs):
         if model_id == served_id:
@@ -71,8 +70,7 @@ def run_headless_node(ns: argparse.Namespace) -> int:
     shut the ranks down, 1 when it went away. Raises ValueError for bad flags."""
     if not ns.model or not os.path.exists(ns.model):
         raise ValueError(f"--headless needs MODEL, a local path to node 0's model: {ns.model!r}")
-    from axon.config import EngineConfig
-    from axon.distributed.headless import run_headless
+    from axon.distributed.headless import run_headless  # lazy: torch, --headless only
 
     flags = {name: getattr(ns, name) for name in ("tensor_parallel_size", *MULTINODE_FLAGS)}
     config = EngineConfig(model=ns.model, **_set(flags))

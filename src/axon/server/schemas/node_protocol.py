@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from axon.server.errors import BadRequest
+from axon.server.lifecycle.discovery import host_memory
 from axon.settings import ENGINE, SPEC, Setting, engine_kwargs, select
 
 HARNESS = "axon"
@@ -21,8 +22,6 @@ def _fits_the_host(value: int | None) -> int | None:
     """`value`, unless it is more bytes than this host has memory: such a cache could never be
     allocated. Read from /proc/meminfo, never from a device (the HTTP process opens none);
     a GPU with more memory than its host is the one case this refuses wrongly."""
-    from axon.server.discovery import host_memory
-
     total = host_memory()["total_bytes"]
     if value is not None and total and value > total:
         raise ValueError(f"{value} bytes is more than this host's {total} bytes of memory")

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from axon.server.errors import BadRequest
-from axon.server.protocol import ChatCompletionRequest, StopString, param_of
+from axon.server.schemas.protocol import ChatCompletionRequest, StopString, param_of
 
 
 class _Strict(BaseModel):

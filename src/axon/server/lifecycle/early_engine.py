@@ -48,7 +48,8 @@ class EarlyEngine:
         the first load of its model; recoveries (`previous`) and other models start afresh."""
 
         async def start(model_id: str, *args, **kwargs):
-            from axon.server.served_model import ServedModel
+            # lazy: the serving stack loads after the engine is spawned, not before
+            from axon.server.lifecycle.served_model import ServedModel
 
             spawned = None if "previous" in kwargs else self.claim(model_id)
             try:

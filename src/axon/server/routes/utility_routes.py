@@ -15,11 +15,11 @@ from pydantic import Field, model_validator
 
 import axon
 from axon.server.errors import BadRequest
+from axon.server.generation import served_model, vocab_size
 from axon.server.images import checked_image_parts, with_images
 from axon.server.offload import off_loop
-from axon.server.openai_completions import served_model, vocab_size
-from axon.server.protocol import ChatMessage, OpenAIModel, TokenId, parse_request
-from axon.server.request_checks import check_content_parts, check_tools
+from axon.server.schemas.protocol import ChatMessage, OpenAIModel, TokenId, parse_request
+from axon.server.schemas.request_checks import check_content_parts, check_tools
 
 router = APIRouter()  # behind the API key
 open_router = APIRouter()

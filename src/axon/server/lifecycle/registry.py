@@ -18,8 +18,9 @@ from typing import Any
 
 from axon.server.config import ServerConfig
 from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound, ModelUnavailable
-from axon.server.node_protocol import HARNESS, ModelInfo, ModelSpec
-from axon.server.sources import read_chat_template, resolve_model
+from axon.server.lifecycle import discovery
+from axon.server.lifecycle.sources import read_chat_template, resolve_model
+from axon.server.schemas.node_protocol import HARNESS, ModelInfo, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ class Conflict(AxonHTTPError):
 
 
 async def _start_served_model(*args, **kwargs):
-    from axon.server.served_model import ServedModel  # the engine stack loads on first use
+    # lazy: the engine stack, on first use
+    from axon.server.lifecycle.served_model import ServedModel
 
     return await ServedModel.start(*args, **kwargs)
 
@@ -347,9 +349,7 @@ async def check_placement(spec: ModelSpec) -> None:
             f"devices lists {len(devices)} GPUs for {ranks} rank(s): give one device per rank",
             param="devices",
         )
-    from axon.server.discovery import gpu_indices
-
-    present = await asyncio.to_thread(gpu_indices)
+    present = await asyncio.to_thread(discovery.gpu_indices)
     missing = [device for device in devices if device not in present]
     if missing:
         have = f"its GPUs are {list(present)}" if present else "it has no NVIDIA GPU"

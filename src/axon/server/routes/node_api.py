@@ -14,10 +14,10 @@ import time
 from fastapi import APIRouter, Depends, Request
 
 from axon.server.auth import require_api_key
-from axon.server.discovery import HealthProbe, discover, host_memory
 from axon.server.errors import ModelNotFound
-from axon.server.node_protocol import ModelInfo, ModelSpec, UnloadRequest
-from axon.server.registry import ActivationTracker
+from axon.server.lifecycle.discovery import HealthProbe, discover, host_memory
+from axon.server.lifecycle.registry import ActivationTracker
+from axon.server.schemas.node_protocol import ModelInfo, ModelSpec, UnloadRequest
 
 router = APIRouter(tags=["node"])
 _authorized = [Depends(require_api_key)]

@@ -9,16 +9,16 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError
 
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
+from axon.server.chat_pipeline import PreparedChat, prepare_chat
 from axon.server.errors import BadRequest
-from axon.server.offload import off_loop
-from axon.server.openai_chat import PreparedChat, prepare_chat
-from axon.server.openai_completions import (
+from axon.server.generation import (
     EventStream,
     Generation,
     or_disconnect,
     served_model,
 )
-from axon.server.protocol import (
+from axon.server.offload import off_loop
+from axon.server.schemas.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     ResponsesRequest,

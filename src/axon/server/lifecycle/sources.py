@@ -20,16 +20,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from axon.cache_dir import cache_dir as axon_cache_dir
 from axon.server.config import HUGGINGFACE, ServerConfig, SourceConfig
 from axon.server.errors import BadRequest, Unprocessable
-from axon.server.local_paths import (
+from axon.server.lifecycle.local_paths import (
     PATH_PREFIXES,
     list_checkpoint_files,
     local_model_path,
     not_allowed,
     shown,
 )
-from axon.server.node_protocol import ModelSpec
+from axon.server.schemas.node_protocol import ModelSpec
 from axon.tokenizer.chat_template import ChatTemplate, load_template_file
 
 logger = logging.getLogger(__name__)
@@ -96,11 +97,9 @@ def allowed_local_roots(config: ServerConfig, environ: Mapping[str, str]) -> tup
     """The directories a `POST /models/load` may name local files in (absolute, symlinks not yet
     resolved): the configured `allowed_local_model_paths`, else the working directory, the HF
     cache and axon's model cache (where the demo model is assembled)."""
-    from axon.kernels.build import cache_dir
-
     paths = config.allowed_local_model_paths
     if paths is None:
-        paths = (os.getcwd(), hf_cache_dir(environ), str(cache_dir() / "models"))
+        paths = (os.getcwd(), hf_cache_dir(environ), str(axon_cache_dir() / "models"))
     return tuple(Path(os.path.abspath(os.path.expanduser(path))) for path in paths)
 
 
@@ -314,7 +313,7 @@ def check_tp_gguf(model_id: str, path: Path, tensor_parallel: int) -> Path:
     names the tensor and the sizes. Reads the file's header only."""
     if tensor_parallel == 1 or path.suffix.lower() != ".gguf" or not path.is_file():
         return path
-    from axon.loader.gguf import tp_split_problem
+    from axon.loader.gguf import tp_split_problem  # lazy: torch
 
     problem = tp_split_problem(str(path), tensor_parallel)
     if problem:
