@@ -1,11 +1,11 @@
-"""The HTTP process's handle on one engine process (the model's device worker); the messages
-they exchange are declared in axon.engine.messages.
+"""The HTTP process's handle on one engine process (the model's device worker). The messages
+they exchange, and what each means, are declared in axon.engine.messages.
 
 The asyncio loop reads the engine's pipe itself, without blocking: it takes whatever bytes are
-there and unpickles a message only once it is whole (`PipeReader`), so an engine stopped in the
+there and decodes a message only once it is whole (`PipeReader`), so an engine stopped in the
 middle of a message never holds up the loop, and a step's updates cost the HTTP process one
 wake-up (a reader thread cost a second thread's wake-up, a GIL hand-over and a self-pipe write
-per token, all on the engine's core at concurrency 1). A writer thread sends (pickling
+per token, all on the engine's core at concurrency 1). A writer thread sends (encoding
 included), so a large message never blocks the event loop on a full pipe. Requests stream
 TokenUpdates through per-request queues, commands await per-call futures.
 
