@@ -31,15 +31,14 @@ then, until it exits:
                                  (silence past the step deadline means a wedged engine)
 
 This module imports only the standard library and axon.outputs: the HTTP process imports it
-before torch, and decoding a message imports nothing. A message is encoded as a plain tuple (its
-type's tag, then its fields) and pickled: pickling the classes themselves wrote their module
-paths and made both ends look them up by name, ~0.6 us a message, half of what a one-sequence
-step's updates cost. Updates, sent every step, is its rows alone: a list, one tuple per
-TokenUpdate (a NamedTuple, so the tuple is itself), its logprobs a plain tuple too. The engine's
-logprobs are axon.sampling.TokenLogprobs, whose unpickling would import torch into the HTTP
-process; they come back as WireLogprobs. The messages are dataclasses with slots, not frozen:
-a frozen one costs twice as much to make, and one is made on each end every step
-(benchmarks/engine_messages.py measures the encoding against positional tuples).
+before torch, and decoding a message imports nothing. A message crosses as a plain tuple, its
+type's tag first, then its fields, pickled: pickled as themselves, the classes' module paths
+would be written and looked up by name on both ends of every message. Updates, sent every step,
+is its rows alone: a list of TokenUpdates (NamedTuples, so each is its own row) with logprobs as
+plain tuples, rebuilt as WireLogprobs (the engine's are axon.sampling.TokenLogprobs, whose
+unpickling would import torch). The message types are slots dataclasses, not frozen ones, which
+cost twice as much to make, and one Updates is made on each end every step. The costs against
+positional tuples: benchmarks/engine_messages.py, docs/performance.md ("Typed engine messages").
 """
 
 from __future__ import annotations
@@ -49,9 +48,12 @@ import operator
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from axon.outputs import TokenUpdate
+
+if TYPE_CHECKING:
+    from axon.sampling_params import SamplingParams
 
 # What a Call may run, each by EngineLoop._cmd_<name>(*args); the reply's payload is described.
 COMMANDS = {
@@ -84,7 +86,7 @@ class AddRequest(Message):
 
     request_id: str
     prompt_token_ids: list[int]
-    params: Any  # axon.sampling_params.SamplingParams
+    params: SamplingParams
     images: dict | None = None
 
 
@@ -207,7 +209,6 @@ _TYPES = (
 _TAG = {cls: tag for tag, cls in enumerate(_TYPES)}
 _LOGPROBS = TokenUpdate._fields.index("logprobs")
 _new = tuple.__new__  # of a NamedTuple from its fields' tuple, without a Python call
-_dumps, _loads = pickle.dumps, pickle.loads
 
 
 def _fields_getter(cls) -> Callable[[Message], tuple]:
@@ -250,14 +251,14 @@ def encode(message: Message) -> bytes:
         except KeyError:
             raise TypeError(f"not an engine message: {message!r}") from None
         wire = (_TAG[cls], *fields(message))
-    return _dumps(wire, pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(wire, pickle.HIGHEST_PROTOCOL)
 
 
 def decode(data: bytes | bytearray | memoryview) -> Message:
     """The message `encode` made `data` from. Raises MalformedMessage for a pickle that is no
     message, and what unpickling raises. Rows of Updates are not checked: both ends are one
     build of this module."""
-    wire = _loads(data)
+    wire = pickle.loads(data)
     if type(wire) is list:
         return Updates([_new(TokenUpdate, r) if r[_LOGPROBS] is None else _update(r) for r in wire])
     try:
