@@ -256,8 +256,6 @@ class EngineLoop:
                     self._send(Failed([message.request_id], text))
                 case Call():
                     self._send(Reply(message.call_id, False, text))
-                case _:  # nobody waits for an answer
-                    logger.error("%s failed: %s", type(message).__name__, text)
 
     def _dispatch(self, message: Message) -> None:
         match message:
