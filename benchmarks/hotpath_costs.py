@@ -3,7 +3,7 @@ machine distorts them less than wall time): what the profile at concurrency 16 p
 
 Measures, for a 16-row decode batch on the demo model's vocabulary and tokenizer:
 penalty metadata per step (rebuilt from full token lists vs the persistent PenaltyCounts),
-the rest of the sampling metadata, the engine->HTTP transfer of a step's updates (pickle),
+the rest of the sampling metadata, the engine->HTTP transfer of a step's updates (encoded),
 and per token in the HTTP process: incremental detokenization and SSE chunk framing.
 
     .venv/bin/python benchmarks/hotpath_costs.py [--output-len 512]
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import random
 import time
 from types import SimpleNamespace
@@ -21,6 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from axon.demo import demo_model_path
+from axon.engine.messages import Updates, decode, encode
 from axon.engine.output_processor import RequestState
 from axon.outputs import TokenUpdate
 from axon.sampling import SamplingMetadata
@@ -111,12 +111,12 @@ def http_costs(args, tokenizer) -> dict[str, float]:
     full = cpu_us(lambda: sse(context.body_of([make_choice()])), 5000)
     chunk = cpu_us(lambda: context.chunk(make_choice()), 5000)
     step = [TokenUpdate(f"{i:032x}", 0, 1234, num_cached_tokens=16) for i in range(ROWS)]
-    transfer = cpu_us(lambda: pickle.loads(pickle.dumps(("updates", step))), 500) / ROWS
+    transfer = cpu_us(lambda: decode(encode(Updates(step))), 500) / ROWS
     return {
         "detokenize + stop check, SampleState.add (per token)": detok,
         "SSE chunk, whole body json.dumps (per token)": full,
         "SSE chunk, _CompletionContext.chunk (per token)": chunk,
-        "engine->HTTP transfer, pickle round trip (per token)": transfer,
+        "engine->HTTP transfer, encode + decode (per token)": transfer,
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 
 @dataclass
@@ -12,14 +13,16 @@ class Logprob:
     decoded_token: str | None = None
 
 
-@dataclass
-class TokenUpdate:
-    """One sample's progress in one engine step; small and picklable (crosses processes)."""
+class TokenUpdate(NamedTuple):
+    """One sample's progress in one engine step. A NamedTuple: it crosses the engine pipe as
+    the plain tuple of its fields and is rebuilt from it without a call per field
+    (axon.engine.messages)."""
 
     request_id: str
     index: int  # which of the request's `n` samples
     token_id: int | None  # None when only a prompt chunk was computed
-    logprobs: object | None = None  # axon.sampling.TokenLogprobs
+    # axon.sampling.TokenLogprobs in the engine; axon.engine.messages.WireLogprobs past the pipe
+    logprobs: Any = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0

@@ -15,16 +15,16 @@ import types
 import pytest
 
 from axon.engine.client import EngineClient, EngineError, Liveness
-from axon.engine.engine_proc import wire_update
+from axon.engine.messages import Heartbeat, Reply, Updates, WireLogprobs, encode
 from axon.engine.pipe_reader import PipeReader
 from axon.outputs import TokenUpdate
 from axon.sampling_params import SamplingParams
 
 
 def frame(message, long_header: bool = False) -> bytes:
-    """`message` as multiprocessing.Connection.send writes it (the long header is what it
+    """`message` as multiprocessing.Connection.send_bytes writes it (the long header is what it
     writes for a payload over 2 GiB)."""
-    payload = pickle.dumps(message)
+    payload = encode(message)
     if long_header:
         return struct.pack("!i", -1) + struct.pack("!Q", len(payload)) + payload
     return struct.pack("!i", len(payload)) + payload
@@ -42,34 +42,35 @@ def pipe():
 
 def test_a_message_is_returned_only_once_whole(pipe):
     reader, theirs = pipe
-    data = frame(("reply", 7, True, "x" * 1000)) + frame(("heartbeat",))
+    data = frame(Reply(7, True, "x" * 1000)) + frame(Heartbeat())
     for cut in (2, 4, 600):  # inside the header, right after it, inside the payload
         os.write(theirs.fileno(), data[:cut])
         assert reader.read() == []  # returns at once: nothing is complete yet
         os.write(theirs.fileno(), data[cut:])
-        assert reader.read() == [("reply", 7, True, "x" * 1000), ("heartbeat",)]
+        assert reader.read() == [Reply(7, True, "x" * 1000), Heartbeat()]
         assert not reader.buffer
 
 
-def test_what_connection_send_writes_is_read_back(pipe):
+def test_what_connection_send_bytes_writes_is_read_back(pipe):
     reader, theirs = pipe
-    big = ("reply", 1, True, bytes(range(256)) * 2000)  # several reads of CHUNK bytes
-    sender = threading.Thread(target=lambda: [theirs.send(big), theirs.send(("heartbeat",))])
+    big = Reply(1, True, bytes(range(256)) * 2000)  # several reads of CHUNK bytes
+    messages = [encode(big), encode(Heartbeat())]
+    sender = threading.Thread(target=lambda: [theirs.send_bytes(data) for data in messages])
     sender.start()
     received, deadline = [], time.monotonic() + 10
     while len(received) < 2 and time.monotonic() < deadline:
         received += reader.read()
     sender.join()
-    assert received == [big, ("heartbeat",)]
+    assert received == [big, Heartbeat()]
 
 
 def test_the_long_header_and_the_end_of_the_pipe(pipe):
     reader, theirs = pipe
-    data = frame(("heartbeat",), long_header=True)
+    data = frame(Heartbeat(), long_header=True)
     os.write(theirs.fileno(), data[:8])
     assert reader.read() == []
     os.write(theirs.fileno(), data[8:])
-    assert reader.read() == [("heartbeat",)]
+    assert reader.read() == [Heartbeat()]
     theirs.close()
     assert reader.read() == [] and reader.eof
 
@@ -77,21 +78,24 @@ def test_the_long_header_and_the_end_of_the_pipe(pipe):
 def test_updates_cross_the_pipe_as_tuples_and_come_back_equal(pipe):
     reader, theirs = pipe
     update = TokenUpdate("r", 1, 42, finish_reason="length", num_cached_tokens=3)
-    theirs.send(("updates", [wire_update(update)]))
-    ((kind, [fields]),) = reader.read()
-    assert kind == "updates" and isinstance(fields, tuple)
-    assert TokenUpdate(*fields) == update
+    theirs.send_bytes(encode(Updates([update])))
+    (message,) = reader.read()
+    assert pickle.loads(encode(Updates([update]))) == [tuple(update)]  # no class on the wire
+    assert message == Updates([update])
 
 
-def test_logprobs_cross_the_pipe_without_the_sampler_class():
+def test_logprobs_cross_the_pipe_without_the_sampler_class(pipe):
     """The HTTP process is torch-free: unpickling a TokenLogprobs would import the sampler."""
-    from axon.engine.pipe_reader import WireLogprobs
     from axon.sampling import TokenLogprobs
 
+    reader, theirs = pipe
     logprobs = TokenLogprobs(token_id=42, logprob=-0.5, rank=1, top=[(42, -0.5), (7, -1.5)])
-    wire = wire_update(TokenUpdate("r", 0, 42, logprobs=logprobs))
-    assert b"axon.sampling" not in pickle.dumps(wire)
-    assert WireLogprobs(*wire[3]) == (42, -0.5, 1, [(42, -0.5), (7, -1.5)])
+    data = encode(Updates([TokenUpdate("r", 0, 42, logprobs=logprobs)]))
+    assert b"axon.sampling" not in data
+    theirs.send_bytes(data)
+    ((update,),) = [message.updates for message in reader.read()]
+    assert type(update.logprobs) is WireLogprobs
+    assert update.logprobs == (42, -0.5, 1, [(42, -0.5), (7, -1.5)])
 
 
 def _stalled_engine_scenario() -> dict:
@@ -110,7 +114,7 @@ def _stalled_engine_scenario() -> dict:
         try:
             stream = client.generate("r", [1, 2], SamplingParams(max_tokens=4))
             update = TokenUpdate("r", 0, 5)
-            data = frame(("updates", [wire_update(update)]))
+            data = frame(Updates([update]))
             os.write(theirs.fileno(), data[: len(data) // 2])
             ticks = 0
             for _ in range(5):  # the loop runs on while the message is half there

@@ -1,10 +1,11 @@
-"""The HTTP process's handle on one engine process (the model's device worker).
+"""The HTTP process's handle on one engine process (the model's device worker). The messages
+they exchange, and what each means, are declared in axon.engine.messages.
 
 The asyncio loop reads the engine's pipe itself, without blocking: it takes whatever bytes are
-there and unpickles a message only once it is whole (`PipeReader`), so an engine stopped in the
+there and decodes a message only once it is whole (`PipeReader`), so an engine stopped in the
 middle of a message never holds up the loop, and a step's updates cost the HTTP process one
 wake-up (a reader thread cost a second thread's wake-up, a GIL hand-over and a self-pipe write
-per token, all on the engine's core at concurrency 1). A writer thread sends (pickling
+per token, all on the engine's core at concurrency 1). A writer thread sends (encoding
 included), so a large message never blocks the event loop on a full pipe. Requests stream
 TokenUpdates through per-request queues, commands await per-call futures.
 
@@ -18,7 +19,6 @@ registry recover the model.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import multiprocessing as mp
@@ -30,9 +30,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from axon.engine.pipe_reader import PipeReader, WireLogprobs
+from axon.engine.messages import (
+    Abort,
+    AddRequest,
+    Call,
+    Failed,
+    LoadFailed,
+    LoadProgress,
+    Message,
+    Poisoned,
+    Ready,
+    Reply,
+    StopSample,
+    Updates,
+    decode,
+    encode,
+)
+from axon.engine.pipe_reader import PipeReader
+from axon.engine.request_stream import Inbox, RequestStream
 from axon.engine.spawn import SpawnedEngine, kill_group
-from axon.outputs import TokenUpdate
 from axon.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # this module stays light: `axon serve` spawns an engine before torch loads
@@ -126,11 +142,11 @@ class EngineClient:
             await asyncio.to_thread(process.join, 5)
             parent.close()
             raise
-        if message[0] == "load_failed":
+        if isinstance(message, LoadFailed):
             await asyncio.to_thread(process.join, 10)
             parent.close()
-            raise RuntimeError(message[1])
-        return cls(config, process, parent, message[1], liveness)
+            raise RuntimeError(message.error)
+        return cls(config, process, parent, message.info, liveness)
 
     # ---- messages from the engine -----------------------------------------------------------
 
@@ -181,28 +197,27 @@ class EngineClient:
             self.kill()
         self._on_dead(reason)
 
-    def _dispatch(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "updates":
-            for fields in message[1]:  # engine_proc.wire_update
-                stream = self._streams.get(fields[0])
-                if stream is not None:
-                    update = TokenUpdate(*fields)
-                    if update.logprobs is not None:
-                        update.logprobs = WireLogprobs(*update.logprobs)
-                    stream.put_nowait(update)
-        elif kind == "failed":
-            for request_id in message[1]:
-                stream = self._streams.get(request_id)
-                if stream is not None:
-                    stream.put_nowait(EngineError(message[2]))
-        elif kind == "reply":
-            _, call_id, ok, payload = message
-            future = self._calls.pop(call_id, None)
-            if future is not None and not future.done():
-                future.set_result(payload) if ok else future.set_exception(EngineError(payload))
-        elif kind == "poisoned":
-            self._on_poisoned(message[1])
+    def _dispatch(self, message: Message) -> None:
+        match message:
+            case Updates():
+                for update in message.updates:
+                    stream = self._streams.get(update.request_id)
+                    if stream is not None:
+                        stream.put_nowait(update)
+            case Failed():
+                for request_id in message.request_ids:
+                    stream = self._streams.get(request_id)
+                    if stream is not None:
+                        stream.put_nowait(EngineError(message.error))
+            case Reply():
+                future = self._calls.pop(message.call_id, None)
+                if future is not None and not future.done():
+                    if message.ok:
+                        future.set_result(message.payload)
+                    else:
+                        future.set_exception(EngineError(message.payload))
+            case Poisoned():
+                self._on_poisoned(message.error)
 
     def _on_poisoned(self, reason: str) -> None:
         self.poisoned = reason
@@ -232,13 +247,13 @@ class EngineClient:
     def _write_loop(self) -> None:
         while (message := self._outbox.get()) is not None:
             try:
-                self.conn.send(message)
+                self.conn.send_bytes(encode(message))
             except (OSError, ValueError):
                 return  # the engine is gone; the reader reports it
             except Exception:  # an unpicklable message is a bug here, not an engine fault
-                logger.exception("cannot send %r to the engine", message[0])
+                logger.exception("cannot send %s to the engine", type(message).__name__)
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: Message) -> None:
         if self.dead:
             raise EngineError("engine process is not running")
         self._outbox.put(message)
@@ -257,9 +272,8 @@ class EngineClient:
         `images`: {"pixel_values", "grid_thw"} for a prompt with expanded image placeholders."""
         stream = Inbox(self.loop)
         self._streams[request_id] = stream
-        message = ("add", None, request_id, prompt_token_ids, params)
         try:
-            self._send(message if images is None else (*message, images))
+            self._send(AddRequest(request_id, prompt_token_ids, params, images))
         except BaseException:
             self._streams.pop(request_id, None)
             raise
@@ -268,20 +282,21 @@ class EngineClient:
     def _close_stream(self, request_id: str, finished: bool) -> None:
         self._streams.pop(request_id, None)
         if not finished and not self.dead:
-            self._send(("abort", None, [request_id]))
+            self._send(Abort([request_id]))
 
     def stop_sample(self, request_id: str, index: int) -> None:
         """Finish one sample now (a stop string matched in the frontend)."""
         if not self.dead:
-            self._send(("stop_sample", None, request_id, index))
+            self._send(StopSample(request_id, index))
 
-    async def call(self, kind: str, *args, timeout: float = 60.0):
-        """Run one engine command and return its reply; raises EngineError or TimeoutError."""
+    async def call(self, command: str, *args, timeout: float = 60.0):
+        """Run one engine command (messages.COMMANDS) and return its reply's payload; raises
+        EngineError or TimeoutError."""
         call_id = next(self._call_ids)
         future = self.loop.create_future()
         self._calls[call_id] = future
         try:
-            self._send((kind, call_id, *args))
+            self._send(Call(call_id, command, args))
             return await asyncio.wait_for(future, timeout)
         finally:
             self._calls.pop(call_id, None)
@@ -312,10 +327,10 @@ class EngineClient:
         kill_group(self.process)
 
 
-async def _first_message(conn, process, timeout_s: float, on_progress=None) -> tuple:
-    """The engine's first message after its load progress ("ready" or "load_failed"), waited
-    for in short slices so that a cancellation is seen promptly. Raises RuntimeError when the
-    process dies first, EngineLoadTimeout past `timeout_s`."""
+async def _first_message(conn, process, timeout_s: float, on_progress=None) -> Ready | LoadFailed:
+    """The engine's first message after its LoadProgress ones, waited for in short slices so
+    that a cancellation is seen promptly. Raises RuntimeError when the process dies first (or
+    says something else), EngineLoadTimeout past `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
         ready = await asyncio.to_thread(
@@ -323,77 +338,21 @@ async def _first_message(conn, process, timeout_s: float, on_progress=None) -> t
         )
         if conn in ready:
             try:
-                message = conn.recv()
+                message = decode(conn.recv_bytes())
             except EOFError:
                 ready = [process.sentinel]
             else:
-                if message[0] != "progress":
-                    return message
-                if on_progress is not None:
-                    on_progress(*message[1:])
+                match message:
+                    case Ready() | LoadFailed():
+                        return message
+                    case LoadProgress() if on_progress is not None:
+                        on_progress(message.loaded_bytes, message.total_bytes)
+                    case LoadProgress():
+                        pass
+                    case _:
+                        raise RuntimeError(f"the engine sent {message!r} while loading")
         if process.sentinel in ready:
             await asyncio.to_thread(process.join, 5)
             raise RuntimeError(f"engine process exited with code {process.exitcode}")
         if time.monotonic() > deadline:
             raise EngineLoadTimeout(f"the engine did not load within {timeout_s:g}s; it was killed")
-
-
-class Inbox:
-    """One request's TokenUpdates (or the EngineError that ends them) waiting to be read: an
-    unbounded queue with at most one reader, so a put is a deque append plus waking that
-    reader's future, and a get of an item already there does not suspend."""
-
-    __slots__ = ("loop", "items", "waiter")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.items: collections.deque = collections.deque()
-        self.waiter: asyncio.Future | None = None
-
-    def put_nowait(self, item) -> None:
-        self.items.append(item)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def get(self):
-        while not self.items:
-            self.waiter = self.loop.create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        return self.items.popleft()
-
-
-class RequestStream:
-    """The TokenUpdates of one submitted request, as an async iterator that aborts the request
-    in the engine when closed before every sample finished."""
-
-    def __init__(self, client: EngineClient, request_id: str, updates: Inbox, n: int):
-        self.client, self.request_id, self.updates, self.n = client, request_id, updates, n
-        self.finished: set[int] = set()
-        self.closed = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> TokenUpdate:
-        if self.closed or len(self.finished) == self.n:
-            await self.aclose()
-            raise StopAsyncIteration
-        try:
-            item = await self.updates.get()
-        except BaseException:  # cancelled while waiting: the client went away
-            await self.aclose()
-            raise
-        if isinstance(item, Exception):
-            await self.aclose()
-            raise item
-        if item.finish_reason is not None:
-            self.finished.add(item.index)
-        return item
-
-    async def aclose(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.client._close_stream(self.request_id, len(self.finished) == self.n)

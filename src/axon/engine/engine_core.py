@@ -197,15 +197,15 @@ class EngineCore:
         self.scheduler.update(out, {})
         updates = []
         for seq, _ in out.scheduled:
-            update = self._update_of(seq, {}, {})
-            update.embedding = vectors.get(seq.seq_id)
-            updates.append(update)
+            updates.append(self._update_of(seq, {}, {}, vectors.get(seq.seq_id)))
             if seq.is_finished:
                 self._forget_if_done(seq.request_id)
         return updates
 
     @staticmethod
-    def _update_of(seq: Sequence, sampled: dict, logprobs: dict) -> TokenUpdate:
+    def _update_of(
+        seq: Sequence, sampled: dict, logprobs: dict, embedding: list[float] | None = None
+    ) -> TokenUpdate:
         reason = seq.finish_reason.value if seq.finish_reason is not None else None
         return TokenUpdate(
             request_id=seq.request_id,
@@ -215,6 +215,7 @@ class EngineCore:
             finish_reason=reason,
             stop_reason=seq.stop_reason,
             num_cached_tokens=seq.num_cached_tokens,
+            embedding=embedding,
         )
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor):

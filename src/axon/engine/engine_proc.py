@@ -1,30 +1,21 @@
 """The engine process: neuron's device worker for one model.
 
-It owns everything on the device (weights, KV cache, scheduler) and serves a FIFO of commands
-from the HTTP process over a pipe, stepping the engine whenever work is queued. After a device
-fault it is drain-only: every command gets a "poisoned" error and the device is not touched
-again; the registry then replaces the whole process.
+It owns everything on the device (weights, KV cache, scheduler) and serves a FIFO of messages
+from the HTTP process over a pipe (the protocol: axon.engine.messages), stepping the engine
+whenever work is queued. After a device fault it is drain-only: every message but a shutdown
+fails with a "poisoned" error and the device is not touched again; the registry then replaces
+the whole process.
 
 Liveness: the loop sends something at least every `heartbeat_s` (a step's updates, else a
 heartbeat), so the HTTP process can tell a wedged step (or a stopped process) from a slow one by
 silence alone. The engine dies with the HTTP process: a parent-death signal (Linux) and a watch
 on the parent pid, so a killed server leaves no orphan holding device memory.
-
-Messages to the engine:  (kind, call_id, *args)
-Messages from it:        ("progress", loaded_bytes, total_bytes) while loading, then
-                         ("ready", info) | ("load_failed", message) | ("heartbeat",)
-                         ("updates", [wire_update(TokenUpdate)])
-                         | ("failed", [request_id], message)
-                         ("reply", call_id, ok, payload) | ("poisoned", message)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import operator
 import os
-import pickle
 import signal
 import time
 import traceback
@@ -35,30 +26,30 @@ from axon.config import EngineConfig
 from axon.distributed.workers import die_with_parent
 from axon.engine.engine_core import EngineCore
 from axon.engine.faults import InjectedDeviceFault, is_device_fault
+from axon.engine.messages import (
+    Abort,
+    AddRequest,
+    Call,
+    Failed,
+    Heartbeat,
+    LoadFailed,
+    LoadProgress,
+    MalformedMessage,
+    Message,
+    Poisoned,
+    Ready,
+    Reply,
+    StopSample,
+    Updates,
+    decode,
+    encode,
+)
 from axon.loader import progress
 from axon.models.weights import parameter_bytes
-from axon.outputs import TokenUpdate
 from axon.runner.heap import release_freed_heap
 from axon.runner.threads import log_thread_policy
 
 logger = logging.getLogger(__name__)
-
-_UPDATE_FIELDS = [field.name for field in dataclasses.fields(TokenUpdate)]
-_update_fields = operator.attrgetter(*_UPDATE_FIELDS)
-_LOGPROBS = _UPDATE_FIELDS.index("logprobs")
-
-
-def wire_update(update: TokenUpdate) -> tuple:
-    """`update` as it crosses the pipe (read back by EngineClient._dispatch): its fields in
-    order, logprobs as a (token_id, logprob, rank, top) tuple. Pickling the dataclass wrote its
-    class path and every field name per token; unpickling a TokenLogprobs imported the sampler,
-    and torch with it, into the HTTP process's event loop."""
-    fields = _update_fields(update)
-    lp = update.logprobs
-    if lp is None:
-        return fields
-    plain = (lp.token_id, lp.logprob, lp.rank, lp.top)
-    return (*fields[:_LOGPROBS], plain, *fields[_LOGPROBS + 1 :])
 
 
 def engine_process_main(
@@ -77,20 +68,25 @@ def engine_process_main(
         die_with_parent(parent_pid)
     logging.basicConfig(level=log_level, format=f"%(asctime)s engine[{os.getpid()}] %(message)s")
     log_thread_policy()
-    progress.set_reporter(lambda loaded, total: conn.send(("progress", loaded, total)))
+    progress.set_reporter(lambda loaded, total: send(conn, LoadProgress(loaded, total)))
     try:
         core = EngineCore(config)
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, never raised
-        conn.send(("load_failed", f"{type(exc).__name__}: {exc}"))
+        send(conn, LoadFailed(f"{type(exc).__name__}: {exc}"))
         return
     _compile_kernels(core)
     if core.runner.workers is not None:
         core.runner.workers.watch(_on_rank_death)
-    conn.send(("ready", engine_info(core)))
+    send(conn, Ready(engine_info(core)))
     try:
         EngineLoop(core, conn, heartbeat_s).run()
     finally:
         core.close()  # the other tensor-parallel ranks exit with the engine
+
+
+def send(conn, message: Message) -> None:
+    """Sends one message (axon.engine.messages) down the pipe."""
+    conn.send_bytes(encode(message))
 
 
 def _on_rank_death(rank: int, exit_code: int | None) -> None:
@@ -160,7 +156,7 @@ class EngineLoop:
         self.last_sent = time.monotonic()
         # Structured-output requests waiting for the grammar backend's first build, which can
         # take seconds (a 262k vocabulary): the loop keeps stepping everything else meanwhile.
-        self.parked: list[tuple] = []
+        self.parked: list[AddRequest] = []
         # Stepped since the heap was last trimmed: the CPU runner keeps a step's freed
         # activations in the heap while serving (runner/heap.py) and hands them back once the
         # engine has had nothing to do for a whole heartbeat.
@@ -178,23 +174,17 @@ class EngineLoop:
                 self._step()
                 self.heap_in_use = True
             if time.monotonic() - self.last_sent >= self.heartbeat_s:
-                self._send(("heartbeat",))
+                self._send(Heartbeat())
 
     def _unpark(self) -> None:
         if self.parked and self.poisoned is None and self.core.structured.ready:
             parked, self.parked = self.parked, []
-            for request_id, *request in parked:
-                self._handle(("add", None, request_id, *request))
+            for add in parked:
+                self._handle(add)
 
-    def _send(self, message: tuple, plain: bool = False) -> None:
-        """`plain`: the message holds no tensors or handles, so pickle it plainly. Connection.send
-        pickles with a ForkingPickler, which copies every reducer torch registered per call
-        (4.4 us against 0.4 us for a step's updates; the receiver reads either)."""
+    def _send(self, message: Message) -> None:
         try:
-            if plain:
-                self.conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
-            else:
-                self.conn.send(message)
+            send(self.conn, message)
         except OSError:  # the HTTP process is gone
             self.running = False
         self.last_sent = time.monotonic()
@@ -204,11 +194,14 @@ class EngineLoop:
         handled = 0
         while self.running and self.conn.poll(timeout):
             try:
-                message = self.conn.recv()
+                message = decode(self.conn.recv_bytes())
             except (EOFError, OSError):  # the HTTP process is gone
                 self.running = False
                 return handled
-            self._handle(message)
+            except MalformedMessage as exc:
+                logger.error("malformed message: %s", exc)
+            else:
+                self._handle(message)
             handled += 1
             timeout = 0
         return handled
@@ -224,7 +217,7 @@ class EngineLoop:
             self._on_step_error(exc)
             return
         if updates:
-            self._send(("updates", [wire_update(update) for update in updates]), plain=True)
+            self._send(Updates(updates))
 
     def _on_step_error(self, exc: Exception) -> None:
         """A device fault fails every request and poisons the engine; any other error fails
@@ -235,72 +228,70 @@ class EngineLoop:
         if not device_fault and self.core.step_request_ids:
             request_ids &= self.core.step_request_ids
         if device_fault:
-            request_ids.update(request_id for request_id, *_ in self.parked)
+            request_ids.update(add.request_id for add in self.parked)
             self.parked = []
         self.core.abort(request_ids)
-        self._send(("failed", sorted(request_ids), message))
+        self._send(Failed(sorted(request_ids), message))
         if device_fault:
             logger.error("device fault, engine is now drain-only: %s", message)
             self.poisoned = message
-            self._send(("poisoned", message))
+            self._send(Poisoned(message))
         else:
             logger.error(
                 "step failed (not a device fault): %s\n%s", message, traceback.format_exc()
             )
 
-    # ---- commands ---------------------------------------------------------------------------
+    # ---- messages and commands ------------------------------------------------------------
 
-    def _handle(self, message) -> None:
-        """Runs one command. Whatever goes wrong, the caller hears of it: a call gets an error
-        reply, an `add` fails its request."""
+    def _handle(self, message: Message) -> None:
+        """Carries out one message. Whatever goes wrong, the sender hears of it: a Call gets an
+        error Reply, an AddRequest fails its request (an Abort or StopSample has no answer)."""
         try:
-            kind, call_id, *args = message
-        except (TypeError, ValueError):
-            logger.error("malformed command %r", message)
-            return
-        try:
-            self._dispatch(kind, call_id, args)
-        except Exception as exc:  # noqa: BLE001 - a bad command fails that command only
+            self._dispatch(message)
+        except Exception as exc:  # noqa: BLE001 - a bad message fails that message only
             text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-            if kind == "add" and args:
-                self.core.abort([args[0]])
-                self._send(("failed", [args[0]], text))
-            else:
-                self._reply(call_id, False, text)
+            match message:
+                case AddRequest():
+                    self.core.abort([message.request_id])
+                    self._send(Failed([message.request_id], text))
+                case Call():
+                    self._send(Reply(message.call_id, False, text))
 
-    def _dispatch(self, kind: str, call_id, args: list) -> None:
-        if kind == "shutdown":
-            self.running = False
-            self._reply(call_id, True, None)
-            return
-        if self.poisoned is not None:
-            raise RuntimeError(f"model is poisoned: {self.poisoned}")
-        handler = getattr(self, f"_cmd_{kind}", None)
-        if handler is None:
-            raise ValueError(f"unknown command {kind!r}")
-        result = handler(*args)
-        self._reply(call_id, True, result)
+    def _dispatch(self, message: Message) -> None:
+        match message:
+            case Call(command="shutdown"):  # a poisoned engine still exits when asked
+                self.running = False
+                self._send(Reply(message.call_id, True, None))
+            case _ if self.poisoned is not None:
+                raise RuntimeError(f"model is poisoned: {self.poisoned}")
+            case AddRequest():
+                self._add(message)
+            case Abort():
+                self._abort(message.request_ids)
+            case StopSample():
+                self.core.stop_sample(message.request_id, message.index)
+            case Call():
+                handler = getattr(self, f"_cmd_{message.command}", None)
+                if handler is None:
+                    raise ValueError(f"unknown command {message.command!r}")
+                self._send(Reply(message.call_id, True, handler(*message.args)))
+            case _:
+                raise ValueError(f"not a message to the engine: {message!r}")
 
-    def _reply(self, call_id, ok: bool, payload) -> None:
-        if call_id is not None:
-            self._send(("reply", call_id, ok, payload))
-
-    def _cmd_add(self, request_id, prompt_token_ids, params, images=None) -> None:
-        """Queue a request; `images` (pixel patches and grids, prepared by the HTTP process)
-        for a prompt whose image placeholders are expanded."""
-        if params.structured_output is not None and not self.core.structured.ready:
+    def _add(self, add: AddRequest) -> None:
+        """Queues a request, or parks it while the grammar backend it needs is first built."""
+        if add.params.structured_output is not None and not self.core.structured.ready:
             self.core.structured.start_build()
-            self.parked.append((request_id, prompt_token_ids, params, images))
+            self.parked.append(add)
             return
-        self.core.add_request(request_id, prompt_token_ids, params, images=images)
+        self.core.add_request(add.request_id, add.prompt_token_ids, add.params, images=add.images)
 
-    def _cmd_abort(self, request_ids) -> None:
+    def _abort(self, request_ids: list[str]) -> None:
         aborted = set(request_ids)
-        self.parked = [entry for entry in self.parked if entry[0] not in aborted]
+        self.parked = [add for add in self.parked if add.request_id not in aborted]
         self.core.abort(request_ids)
 
-    def _cmd_stop_sample(self, request_id, index) -> None:
-        self.core.stop_sample(request_id, index)
+    # ---- commands (messages.COMMANDS) -------------------------------------------------------
 
     def _cmd_memory(self) -> tuple[int, int]:
         device = self.core.runner.device

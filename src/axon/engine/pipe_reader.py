@@ -1,29 +1,19 @@
-"""The HTTP process's end of the engine pipe: read from the asyncio loop without ever blocking
-it, and the light types its messages are rebuilt into."""
+"""The HTTP process's end of the engine pipe, read from the asyncio loop without ever blocking
+it; each frame holds one message of axon.engine.messages."""
 
 from __future__ import annotations
 
 import multiprocessing.connection
 import os
-import pickle
 import socket
 import struct
-from typing import NamedTuple
 
-
-class WireLogprobs(NamedTuple):
-    """A token's logprobs as the HTTP process holds them: axon.sampling.TokenLogprobs's fields,
-    without importing the sampler (torch) here."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    top: list  # [(token_id, logprob)] the most likely first
+from axon.engine.messages import Message, decode
 
 
 class PipeReader:
     """Reads a multiprocessing Connection's messages (socketpair end, its framing: a 4-byte
-    big-endian length, or -1 and an 8-byte one, then the pickle) without ever blocking: each
+    big-endian length, or -1 and an 8-byte one, then the payload) without ever blocking: each
     `read` takes the bytes already there and returns the messages they complete; a message
     still arriving stays buffered. Reads with MSG_DONTWAIT on a duplicate of the socket, so the
     writer thread's sends on the same socket stay blocking."""
@@ -39,10 +29,10 @@ class PipeReader:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def read(self, max_bytes: int | None = None) -> list:
+    def read(self, max_bytes: int | None = None) -> list[Message]:
         """The messages completed by what has arrived (maybe none), reading at most about
         `max_bytes` (0: no limit; None: MAX_READ); sets `eof` once the other end closed.
-        Raises what unpickling a message raises."""
+        Raises what decoding a message raises."""
         limit = self.MAX_READ if max_bytes is None else max_bytes or float("inf")
         received = 0
         while not self.eof and received < limit:
@@ -59,7 +49,7 @@ class PipeReader:
                 break
         return self._messages()
 
-    def _messages(self) -> list:
+    def _messages(self) -> list[Message]:
         messages, buffer, start = [], self.buffer, 0
         while len(buffer) - start >= 4:
             (size,) = struct.unpack_from("!i", buffer, start)
@@ -72,7 +62,7 @@ class PipeReader:
             if len(buffer) - start < header + size:
                 break
             body = start + header
-            messages.append(pickle.loads(buffer[body : body + size]))
+            messages.append(decode(buffer[body : body + size]))
             start = body + size
         if start:
             del buffer[:start]
