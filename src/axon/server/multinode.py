@@ -73,7 +73,7 @@ def run_headless_node(ns: argparse.Namespace) -> int:
     if not ns.model or not os.path.exists(ns.model):
         raise ValueError(f"--headless needs MODEL, a local path to node 0's model: {ns.model!r}")
     from axon.config import EngineConfig
-    from axon.distributed.headless import run_headless
+    from axon.runner.rank_main import run_headless
 
     flags = {name: getattr(ns, name) for name in ("tensor_parallel_size", *MULTINODE_FLAGS)}
     config = EngineConfig(model=ns.model, **_set(flags))
