@@ -23,6 +23,7 @@ import importlib
 import os
 import pickle
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -108,7 +109,10 @@ def start_rank(
         command += ["--rendezvous", rendezvous]
     try:
         popen = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(), held)
+            command,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(), held),
+            env=_rank_environment(),
         )
     except BaseException:
         ours.close()
@@ -123,6 +127,19 @@ def start_rank(
     with contextlib.suppress(OSError):
         conn.send_bytes(pickle.dumps((sys.path, pickle.dumps(args)), pickle.HIGHEST_PROTOCOL))
     return RankProcess(popen, sentinel), conn
+
+
+def _rank_environment() -> dict[str, str]:
+    """This process's environment, with the directory this `axon` came from first on the
+    rank's PYTHONPATH unless it is a site-packages directory (found there anyway): the rank
+    program imports the same `axon` before it takes this process's sys.path."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    environ = dict(os.environ)
+    if root in {*site.getsitepackages(), site.getusersitepackages()}:
+        return environ
+    path = environ.get("PYTHONPATH")
+    environ["PYTHONPATH"] = os.pathsep.join([root, path] if path else [root])
+    return environ
 
 
 def run_rank(argv: list[str] | None = None) -> int:
