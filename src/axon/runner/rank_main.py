@@ -22,6 +22,7 @@ from axon.distributed import multinode
 from axon.distributed.parallel_state import control_group, init_tp_group
 from axon.distributed.rank_process import start_rank
 from axon.distributed.workers import move_tensors, step_timeout_s
+from axon.kernels import build
 from axon.runner.model_runner import ModelRunner
 from axon.runner.tensor_parallel import rank_device
 
@@ -45,8 +46,6 @@ def worker_main(rank: int, store_path: str, conn, parent_pid: int, config, threa
         conn.send(("load_failed", f"{type(exc).__name__}: {exc}"))
         return
     if device.type == "cpu":
-        from axon.kernels import build
-
         build.load()  # before the first step, as the engine process does
     _serve_steps(runner, conn)
     logging.shutdown()
@@ -167,8 +166,6 @@ def remote_rank_main(rank: int, config: EngineConfig) -> int:
     )
     runner = ModelRunner(config, rank=rank)
     if device.type == "cpu":
-        from axon.kernels import build
-
         build.load()  # before the first step, as the engine process does
     return _serve_broadcast_steps(runner, control)
 
