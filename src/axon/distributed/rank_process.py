@@ -100,10 +100,10 @@ def start_rank(
     """Start the rank program for `rank`, in this process's process group (a killpg of this
     process's group takes it), running `target(rank, rendezvous, conn, os.getpid(), *args)`.
     Returns its handle and this side of its pipe."""
-    ours, theirs = socket.socketpair()
-    sentinel, held = os.pipe()
     command = [sys.executable, "-m", ENTRY_MODULE, target_name(target)]
     command += ["--rank", str(rank), "--parent-pid", str(os.getpid())]
+    ours, theirs = socket.socketpair()
+    sentinel, held = os.pipe()
     command += ["--conn-fd", str(theirs.fileno())]
     if rendezvous is not None:
         command += ["--rendezvous", rendezvous]
