@@ -41,3 +41,27 @@ def test_sweep_removes_only_the_stores_of_dead_engines(tmp_path):
         f"axon-tp-{os.getpid()}-def",
         "axon-tp-other",
     ]
+
+
+def test_a_rank_runs_only_a_function_it_can_import():
+    """A rank program imports its function by name: none from a script's `__main__`, none
+    defined inside another function."""
+
+    def local_rank(rank, store_path, conn, parent_pid):
+        pass
+
+    with pytest.raises(ValueError, match=r"import by name, not \S*test_tp_watchdog:.*local_rank"):
+        TPWorkers.spawn(2, local_rank, (), step_timeout_s=0.5)
+    local_rank.__module__ = "__main__"
+    local_rank.__qualname__ = "local_rank"
+    with pytest.raises(ValueError, match="import by name, not __main__:local_rank"):
+        TPWorkers.spawn(2, local_rank, (), step_timeout_s=0.5)
+
+
+def test_a_rank_that_fails_to_start_is_named_with_its_exit_code():
+    workers = TPWorkers.spawn(2, "axon.distributed.no_such_module:main", (), step_timeout_s=5)
+    try:
+        with pytest.raises(RankFailed, match=r"rank 1 died \(exit code 1\)"):
+            workers.expect("joining")
+    finally:
+        workers.close(0.0)

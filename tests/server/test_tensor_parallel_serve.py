@@ -40,7 +40,7 @@ def _entry(base_url: str, model: str = TP_ID) -> dict | None:
 
 
 def _spawned_children(pid: int) -> list[int]:
-    """Pids of the multiprocessing children of `pid` (its tensor-parallel ranks)."""
+    """Pids of the rank programs `pid` started (its tensor-parallel ranks)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -49,7 +49,10 @@ def _spawned_children(pid: int) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmdline:
+            if (
+                int(stat.rsplit(")", 1)[1].split()[1]) == pid
+                and b"axon.distributed.rank" in cmdline
+            ):
                 found.append(int(entry.name))
     return found
 

@@ -48,11 +48,6 @@ FLOORS: list[tuple[str, ...]] = [
 ]
 FLOOR = {part: len(FLOORS) - index for index, parts in enumerate(FLOORS) for part in parts}
 
-# fixed on another branch
-KNOWN_ELSEWHERE = {
-    ("axon.distributed.headless", "axon.runner.tensor_parallel"),
-}
-
 LAZY_MARK = "# lazy:"
 
 
@@ -144,8 +139,7 @@ def edges_of(module: str, path: Path) -> list[Edge]:
     return found
 
 
-ALL_EDGES = [edge for module, path in MODULES.items() for edge in edges_of(module, path)]
-EDGES = [edge for edge in ALL_EDGES if (edge.source, edge.target) not in KNOWN_ELSEWHERE]
+EDGES = [edge for module, path in MODULES.items() for edge in edges_of(module, path)]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -178,8 +172,6 @@ def test_every_module_has_a_floor():
 
 def test_the_table_names_only_what_exists():
     assert set(FLOOR) <= {part_of(module) for module in MODULES}
-    present = {(edge.source, edge.target) for edge in ALL_EDGES}
-    assert not KNOWN_ELSEWHERE - present, f"fixed, remove: {sorted(KNOWN_ELSEWHERE - present)}"
 
 
 def test_the_architecture_page_draws_the_same_floors():

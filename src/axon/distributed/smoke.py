@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from axon.distributed.parallel_state import destroy_tp_group, init_tp_group
-from axon.distributed.workers import RankFailed, TPWorkers, die_with_parent
+from axon.distributed.workers import RankFailed, TPWorkers
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,6 @@ def observed_sum(device: torch.device) -> float:
 
 
 def _rank_main(rank: int, store_path: str, conn, parent_pid: int, devices, timeout_s: float):
-    die_with_parent(parent_pid)
     try:
         conn.send(("joining",))
         init_tp_group(store_path, rank, len(devices), devices[rank], timeout_s)

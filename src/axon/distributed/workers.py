@@ -1,4 +1,5 @@
-"""Tensor-parallel ranks 1..N-1: subprocesses of the engine process (rank 0), one pipe each.
+"""Tensor-parallel ranks 1..N-1: rank programs (see rank_process) started by the engine process
+(rank 0), one pipe each.
 
 The protocol follows neuron's worker pool: rank 0 fans a message out to every rank, does its
 own part, then drains exactly one reply from every rank, so the pipes never fall out of step.
@@ -20,16 +21,12 @@ poisons the model (the registry kills the engine's process group and starts it a
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import logging
-import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
 import shutil
-import signal
-import sys
 import tempfile
 import threading
 import time
@@ -38,28 +35,13 @@ from collections.abc import Callable
 import torch
 
 from axon.distributed import multinode
+from axon.distributed.rank_process import start_rank
 from axon.settings import SETTINGS
 
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 STEP_TIMEOUT_ENV = SETTINGS["tp_step_timeout_s"].env
 STORE_PREFIX = "axon-tp-"
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when `parent_pid` dies: the kernel's parent-death signal where there
-    is one, and a watcher thread (which also covers a parent that died before the prctl)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(1)  # the parent is gone: nobody can use what this process holds
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def move_tensors(value, device: torch.device):
@@ -110,34 +92,31 @@ class TPWorkers:
     def spawn(
         cls,
         world_size: int,
-        target: Callable,
+        target: Callable | str,
         args: tuple,
         step_timeout_s: float,
         rendezvous: str | None = None,
     ) -> TPWorkers:
-        """Start ranks 1..world_size-1 running `target(rank, store_path, conn, *args)`, in this
-        process's process group (a killpg of the engine takes them all). The rendezvous is a
-        file store in a fresh private directory named by this pid: unique per engine, no port
-        to collide on, and swept by the next start on the host once this process is gone;
-        or `rendezvous` (`tcp://host:port`, for ranks on several hosts)."""
+        """Start ranks 1..world_size-1, each a rank program running
+        `target(rank, store_path, conn, parent_pid, *args)` (`target`: a function the ranks
+        import by name, or its `module:qualname`), in this process's process group (a killpg
+        of the engine takes them all). The rendezvous is a file store in a fresh private
+        directory named by this pid: unique per engine, no port to collide on, and swept by
+        the next start on the host once this process is gone; or `rendezvous`
+        (`tcp://host:port`, for ranks on several hosts)."""
         sweep_stale_stores()
         store_dir = tempfile.mkdtemp(prefix=f"{STORE_PREFIX}{os.getpid()}-")
         store_path = rendezvous or os.path.join(store_dir, "store")
-        ctx = mp.get_context("spawn")
-        processes, conns = [], []
-        for rank in range(1, world_size):
-            parent, child = ctx.Pipe()
-            process = ctx.Process(
-                target=target,
-                args=(rank, store_path, child, os.getpid(), *args),
-                name=f"axon-tp-rank{rank}",
-                daemon=True,
-            )
-            process.start()
-            child.close()
-            processes.append(process)
-            conns.append(parent)
-        return cls(processes, conns, store_dir, step_timeout_s, store_path)
+        workers = cls([], [], store_dir, step_timeout_s, store_path)
+        try:
+            for rank in range(1, world_size):
+                process, conn = start_rank(target, rank, store_path, args)
+                workers.processes.append(process)
+                workers.conns.append(conn)
+        except BaseException:
+            workers.close(0.0)
+            raise
+        return workers
 
     def watch(self, on_death: Callable[[int, int | None], None]) -> None:
         """Call `on_death(rank, exit code)` from a watcher thread when a rank exits before
@@ -148,7 +127,7 @@ class TPWorkers:
 
         def run() -> None:
             sentinels = {process.sentinel: rank for rank, process in enumerate(self.processes, 1)}
-            ready = mp.connection.wait(list(sentinels))
+            ready = multiprocessing.connection.wait(list(sentinels))
             if not self.closing:
                 rank = sentinels[ready[0]]
                 process = self.processes[rank - 1]
@@ -178,7 +157,7 @@ class TPWorkers:
         passes first."""
         while True:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = mp.connection.wait([conn, process.sentinel], timeout)
+            ready = multiprocessing.connection.wait([conn, process.sentinel], timeout)
             if not ready:
                 raise RankFailed(
                     f"tensor-parallel rank {rank} missed its step deadline "

@@ -23,7 +23,7 @@ import traceback
 import torch
 
 from axon.config import EngineConfig
-from axon.distributed.workers import die_with_parent
+from axon.distributed.rank_process import die_with_parent
 from axon.engine.engine_core import EngineCore
 from axon.engine.faults import InjectedDeviceFault, is_device_fault
 from axon.engine.messages import (

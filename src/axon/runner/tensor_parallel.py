@@ -1,9 +1,10 @@
-"""Tensor parallelism around the model runner: the checks made before any rank starts, rank 0's
-start of ranks 1..N-1, the per-rank KV plan agreement and the loop those ranks run.
+"""Tensor parallelism around the model runner, rank 0's side: the checks made before any rank
+starts, the start of ranks 1..N-1, the per-rank KV plan agreement and each step's fan-out.
 
 Rank 0 (the engine process) schedules and samples; every step it sends the compact step input
 (token ids, positions, slot mapping, key slots: no activations) to the other ranks, which run
-the same forward, meet rank 0 in the all-reduces, and wait on their pipe between steps.
+the same forward, meet rank 0 in the all-reduces, and wait on their pipe between steps (their
+loop is rank_main's).
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import os
 import pickle
-import time
 
 import torch
 
@@ -27,12 +26,7 @@ from axon.distributed.parallel_state import (
     single_rank,
     tp_all_reduce_min,
 )
-from axon.distributed.workers import (
-    RankFailed,
-    TPWorkers,
-    die_with_parent,
-    move_tensors,
-)
+from axon.distributed.workers import RankFailed, TPWorkers, move_tensors
 from axon.loader import is_gguf, iterate_weights
 from axon.loader.gguf import iterate_gguf_file, tp_split_problem
 from axon.loader.safetensors import iterate_safetensors
@@ -40,6 +34,9 @@ from axon.runner.memory import KVCachePlan
 
 logger = logging.getLogger(__name__)
 _IMAGE_KEYS = itertools.count()  # rank 0's name for a request's images on the other ranks
+# What ranks 1..N-1 run, imported by name in their own program (an import here would close a
+# cycle: rank_main builds a ModelRunner, whose module imports this one).
+RANK_TARGET = "axon.runner.rank_main:worker_main"
 
 # The architectures whose every layer shards (column / row / QKV / merged linears,
 # vocab-parallel embedding and LM head; Gated DeltaNet by key/value head groups).
@@ -131,9 +128,9 @@ def checkpoint_weights(config: EngineConfig):
 
 
 def start_ranks(config: EngineConfig, hf_config, device: torch.device) -> TPWorkers | None:
-    """On rank 0: check the model shards, spawn this node's ranks 1..L-1 and join the group
+    """On rank 0: check the model shards, start this node's ranks 1..L-1 and join the group
     with them (and with the other nodes' ranks, which get this config). None with one rank
-    (nothing spawned, no group: the single-rank path pays nothing)."""
+    (nothing started, no group: the single-rank path pays nothing)."""
     check_tp_support(config, hf_config)
     if config.tensor_parallel_size == 1:
         return None
@@ -150,7 +147,7 @@ def start_ranks(config: EngineConfig, hf_config, device: torch.device) -> TPWork
     level = logging.getLogger().getEffectiveLevel()
     args = (config, torch.get_num_threads(), level, timeout)
     local, rendezvous = multinode.ranks_per_node(config), multinode.rendezvous(config)
-    workers = TPWorkers.spawn(local, worker_main, args, timeout, rendezvous)
+    workers = TPWorkers.spawn(local, RANK_TARGET, args, timeout, rendezvous)
     try:
         workers.expect("joining")  # a rank that cannot start fails here, not in the rendezvous
         reduce_bytes = (  # the largest all-reduce: [max batched tokens, hidden] activations
@@ -219,27 +216,6 @@ def image_sources(takes: list, images_sent: set[int]) -> list[tuple]:
     return sources
 
 
-def resolve_images(runner, batch, outputs: dict):
-    """On ranks 1..N-1: `batch` with the image rows' values from this rank's own tower run on
-    the pixels rank 0 sent (kept in `outputs` by key until the request's last image part)."""
-    if not batch.image_takes:
-        return batch
-    values, deepstack, done = [], [], []
-    for key, pixels, start, stop, last in batch.image_takes:
-        if pixels is not None:
-            outputs[key] = runner.encode_images(pixels[0], pixels[1], with_deepstack=True)
-        embeds, features = outputs[key]
-        values.append(embeds[start:stop])
-        if features is not None:
-            deepstack.append(features[:, start:stop])
-        if last:
-            done.append(key)
-    for key in done:
-        outputs.pop(key, None)
-    stacked = torch.cat(deepstack, dim=1) if deepstack else None
-    return dataclasses.replace(batch, image_values=torch.cat(values), image_deepstack=stacked)
-
-
 def run_step(runner, batch) -> torch.Tensor:
     """Rank 0's step: fan the input out, run its own forward, drain every rank's reply. A
     failure on rank 0 mid-forward leaves the other ranks inside a collective: the error says
@@ -255,118 +231,3 @@ def run_step(runner, batch) -> torch.Tensor:
         ) from exc
     runner.workers.collect()
     return logits
-
-
-def worker_main(rank: int, store_path: str, conn, parent_pid: int, config, threads, level, timeout):
-    """Entry point of rank `rank` (1..N-1): join the group, load this rank's shard, then run
-    every step rank 0 sends until it says shutdown (or goes away)."""
-    die_with_parent(parent_pid)
-    torch.set_num_threads(threads)
-    logging.basicConfig(level=level, format=f"%(asctime)s tp-rank{rank}[{os.getpid()}] %(message)s")
-    from axon.runner.model_runner import ModelRunner  # lazy: that module imports this one
-
-    try:
-        device = rank_device(config, rank)
-        conn.send(("joining",))
-        control = multinode.control_ranks(config)
-        size = config.tensor_parallel_size
-        init_tp_group(store_path, rank, size, device, timeout, control_ranks=control)
-        runner = ModelRunner(config, rank=rank, on_loaded=lambda: conn.send(("loaded",)))
-    except Exception as exc:  # noqa: BLE001 - reported to rank 0, which fails the load
-        logger.exception("rank %d failed to load", rank)
-        conn.send(("load_failed", f"{type(exc).__name__}: {exc}"))
-        return
-    if device.type == "cpu":
-        from axon.kernels import build  # lazy: only CPU ranks build the C kernels
-
-        build.load()  # before the first step, as the engine process does
-    _serve_steps(runner, conn)
-    logging.shutdown()
-    # Straight out: tearing the group down (or torch's exit handlers) would wait on the ranks
-    # that are exiting too; the kernel frees what this process holds.
-    os._exit(0)
-
-
-def _serve_steps(runner, conn) -> None:
-    """Wait on the pipe (never on a collective with a timeout) and run each step sent."""
-    image_outputs: dict = {}  # request key -> this rank's tower output for its images
-    while True:
-        try:
-            message = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            return  # rank 0 is gone
-        if message[0] == "shutdown":
-            conn.send(("bye",))
-            return
-        if message[0] == "wedge":
-            _wedge()
-        try:
-            batch = message[1]
-            if runner.device.type != "cpu":
-                batch = move_tensors(batch, runner.device)
-            runner.run_forward(resolve_images(runner, batch, image_outputs))
-        except Exception as exc:  # noqa: BLE001 - reported to rank 0, which fails the step
-            logger.exception("step failed")
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        else:
-            conn.send(("ok",))
-
-
-def _wedge() -> None:
-    """The watchdog test's hung rank: blocks like a collective that never returns."""
-    logger.warning("debug hook: this rank's next step never returns")
-    while True:
-        time.sleep(3600)
-
-
-def remote_rank_main(rank: int, config: EngineConfig) -> int:
-    """Rank `rank` on a node other than 0: join the group over TCP, take rank 0's engine
-    arguments, load this rank's shard, then run every step rank 0 broadcasts. Returns 0 when
-    rank 0 shuts the ranks down, 1 when it is gone or a step failed here."""
-    from axon.runner.model_runner import ModelRunner  # lazy: that module imports this one
-
-    timeout = config.tp_step_timeout_s
-    device = rank_device(config, rank)
-    init_tp_group(
-        multinode.rendezvous(config),
-        rank,
-        config.tensor_parallel_size,
-        device,
-        timeout,
-        control_ranks=multinode.control_ranks(config),
-    )
-    control = control_group()
-    sent = pickle.loads(multinode.receive_bytes(control))
-    config = dataclasses.replace(sent, model=config.model, node_rank=config.node_rank)
-    logger.info(
-        "rank %d joined %d ranks: loading %s", rank, config.tensor_parallel_size, config.model
-    )
-    runner = ModelRunner(config, rank=rank)
-    if device.type == "cpu":
-        from axon.kernels import build  # lazy: only CPU ranks build the C kernels
-
-        build.load()  # before the first step, as the engine process does
-    return _serve_broadcast_steps(runner, control)
-
-
-def _serve_broadcast_steps(runner, control) -> int:
-    """Run each step rank 0 broadcasts. A failed step ends this rank: there is no reply
-    channel, and its exit breaks the step's collectives on rank 0 (a process-group fault)."""
-    image_outputs: dict = {}  # request key -> this rank's tower output for its images
-    while True:
-        try:
-            message = pickle.loads(multinode.receive_bytes(control))
-        except RuntimeError as exc:
-            logger.warning("rank 0 is gone (%s): exiting", exc)
-            return 1
-        if message[0] == "shutdown":
-            logger.info("rank 0 shut the ranks down")
-            return 0
-        try:
-            batch = message[1]
-            if runner.device.type != "cpu":
-                batch = move_tensors(batch, runner.device)
-            runner.run_forward(resolve_images(runner, batch, image_outputs))
-        except Exception:  # noqa: BLE001 - see the docstring
-            logger.exception("step failed: leaving the group")
-            return 1

@@ -70,7 +70,7 @@ def run_headless_node(ns: argparse.Namespace) -> int:
     shut the ranks down, 1 when it went away. Raises ValueError for bad flags."""
     if not ns.model or not os.path.exists(ns.model):
         raise ValueError(f"--headless needs MODEL, a local path to node 0's model: {ns.model!r}")
-    from axon.distributed.headless import run_headless  # lazy: torch, --headless only
+    from axon.runner.rank_main import run_headless  # lazy: torch, --headless only
 
     flags = {name: getattr(ns, name) for name in ("tensor_parallel_size", *MULTINODE_FLAGS)}
     config = EngineConfig(model=ns.model, **_set(flags))
