@@ -55,7 +55,7 @@ def load_auto_tokenizer(path: str):
     try:
         tokenizer_class = import_class(json.loads((entry / CLASS_FILE).read_text()))
     except (ImportError, AttributeError, ValueError, KeyError, TypeError):
-        discard(entry)  # e.g. a class this transformers no longer has: the next load rebuilds
+        discard(entry)  # e.g. a class the installed transformers lacks: the next load rebuilds
         return _auto_tokenizer(path)
     if tokenizer_class is None:
         return _auto_tokenizer(path)
