@@ -2,7 +2,8 @@
  * CPU: the same C functions the layer's own PyTorch forward calls one by one (RMSNorm, the GGML
  * or float32 matmul, rotary, the KV cache write, paged decode attention, the gated activation),
  * in the same order on the same data, without a Python round trip between them: a small model's
- * decode step is otherwise mostly Python dispatch around the matmuls. The layer's PyTorch forward is the reference twin (layers/fused_decode.py). */
+ * decode step is otherwise mostly Python dispatch around the matmuls. The layer's PyTorch
+ * forward is the reference twin (layers/fused_decode.py). */
 #include <stdint.h>
 #include <string.h>
 

@@ -7,7 +7,8 @@ HTTP process that needs no torch otherwise. The class it picks is a function of 
 files (config.json, tokenizer_config.json, tokenizer.json, which files exist) and the
 transformers version. So the first load records the class in axon's cache under a key of those,
 and a later load of the same files imports that class alone and calls its `from_pretrained` with
-the arguments AutoTokenizer passes: the same class, built the same way from the same files. A class outside transformers (remote code) is never recorded.
+the arguments AutoTokenizer passes: the same class, built the same way from the same files. A
+class outside transformers (remote code) is never recorded.
 """
 
 from __future__ import annotations
