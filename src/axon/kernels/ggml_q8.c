@@ -293,8 +293,8 @@ static void quantize_token_32(const float *x, int64_t cols, int8_t *q, float *d,
 }
 
 /* Quantize every token for the activation formats the parts need. On the calling thread,
- * before the parallel region: it costs ~1 % of the products, and a barrier after it cost a
- * scheduler quantum whenever a thread was descheduled on a shared machine. */
+ * before the parallel region: it costs ~1 % of the products, and a barrier after it costs a
+ * scheduler quantum whenever a thread is descheduled on a shared machine. */
 static void quantize_tokens(const float *x, int64_t tokens, int64_t cols, Acts *k_acts,
                             Acts *acts32) {
     for (int64_t t = 0; t < tokens; t++) {
