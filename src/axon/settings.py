@@ -1,8 +1,8 @@
 """The engine settings, each declared once (`TABLE`), and what the entry points make of it.
 
 `axon generate`'s and `axon serve`'s flags come from `add_flags`; the `/models/load` body and the
-config file's `[engine]` and `[[default_models]]` tables from server/node_protocol.py, which
-builds its models from `select(ENGINE)` and `select(SPEC)`; the keyword arguments of `LLM` are
+config file's `[engine]` and `[[default_models]]` tables from server/schemas/node_protocol.py,
+which builds its models from `select(ENGINE)` and `select(SPEC)`; the keyword arguments of `LLM` are
 EngineConfig's fields, made from `select(LLM)` (config.py). Every entry point converts and checks
 a value with the same `Setting.convert`, so a value one accepts the others accept
 (tests/unit/test_settings_table.py). `Setting.where` says which entry points take a setting.

@@ -1,9 +1,9 @@
 /* One decoder layer of a decode step (Llama, Qwen2, Qwen3, Gemma 3) in a single call, for the
  * CPU: the same C functions the layer's own PyTorch forward calls one by one (RMSNorm, the GGML
  * or float32 matmul, rotary, the KV cache write, paged decode attention, the gated activation),
- * in the same order on the same data, without a Python round trip between them. A small model's
- * decode step is otherwise mostly Python: ~0.5 ms per layer of dispatch around ~0.6 ms of
- * matmuls. The layer's PyTorch forward is the reference twin (layers/fused_decode.py). */
+ * in the same order on the same data, without a Python round trip between them: a small model's
+ * decode step is otherwise mostly Python dispatch around the matmuls. The layer's PyTorch
+ * forward is the reference twin (layers/fused_decode.py). */
 #include <stdint.h>
 #include <string.h>
 
@@ -12,7 +12,7 @@
 /* Multiply-adds of decode attention from which it runs on the step's threads. Lower than
  * cpu_ops.py's PARALLEL_MIN_WORK (1 << 18, for a call from Python, whose second thread may have
  * gone to sleep): here the qkv projection's parallel region has just ended, its threads still
- * spin, and 2 threads already beat 1 at 16 heads x 32 keys x 64 (10 -> 7 us; 96 keys: 24 -> 14). */
+ * spin, and 2 threads already beat 1 at 16 heads x 32 keys x 64 (10 -> 7 us). */
 #define ATTENTION_MIN_WORK (1 << 15)
 
 static int project(const Projection *p, const float *x, int64_t tokens, int64_t cols, float *y,

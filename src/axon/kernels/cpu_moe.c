@@ -273,8 +273,8 @@ int64_t axon_decode_stack_scratch(const void *const *layers, const int32_t *spar
 /* hidden [tokens, hidden] <- norm(the output of `count` decoder layers in turn), in place: layer
  * i is a SparseLayer where sparse[i], else cpu_layer.c's dense Layer (a model's dense layers
  * among sparse ones). The same calls as one per layer and then RMSNorm from Python, without the
- * Python between them (~25 us a layer at batch 1: it runs with caches just flushed by the
- * weights). Returns 0, -3 before touching hidden when scratch is short of
+ * Python between them (slow at batch 1: it runs with caches just flushed by the weights).
+ * Returns 0, -3 before touching hidden when scratch is short of
  * axon_decode_stack_scratch floats, or a layer's failure (-1, -2: hidden then undefined). */
 int axon_decode_stack(const void *const *layers, const int32_t *sparse, int64_t count,
                       const FinalNorm *norm, float *hidden, int64_t tokens,

@@ -516,10 +516,9 @@ INLINE __m256i k_codes(int type, const uint8_t *b, int sub) {
  * 2j + 1 in the high ones; Q6_K's low nibbles are 64 bytes in a row, Q4_K's two sub-blocks the
  * low and high nibbles of the same 32 bytes), and VNNI's vpdpwssd applying the sub-scales and
  * accumulating in one instruction. The integer sums are the AVX2 loop's (folded to its eight
- * lanes at the end), so the result is bit-identical. Measured on Zen 4, which issues one
- * 512-bit multiply per cycle against two 256-bit ones: Q6_K 1.05-1.1x, where decoding its codes
- * is a larger share of the work; Q4_K at the AVX2 loop's speed there, 1.07x on an Intel Xeon
- * (3072 x 1024, one token, 1 thread); Q5_K 7 % slower on Zen 4, so it stays on the AVX2 loop. */
+ * lanes at the end), so the result is bit-identical. It pays most where decoding the codes is a
+ * larger share of the work (Q6_K), even on Zen 4, which issues one 512-bit multiply per cycle
+ * against two 256-bit ones; Q5_K is slower there, so it stays on the AVX2 loop. */
 INLINE __m512i halves(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
@@ -960,8 +959,8 @@ int axon_ggml_dequant(int type, const uint8_t *w, int64_t rows, int64_t cols, fl
  * tokens of outer products, one vector of VL rows' weights at column k times token t's x[k]
  * broadcast, accumulated along the columns. Nothing is reduced at the end (a lane is one row of
  * one token's output), the weights are one sequential stream, and each broadcast serves TG
- * vectors: on an Intel Xeon this tile ran at 88-90% of the FMA rate where the row-major tile of
- * dot products (4 rows x 6 tokens, reduced at the end) ran at 74%. */
+ * vectors, so it keeps the FMA units busier than a row-major tile of dot products (4 rows x 6
+ * tokens, reduced at the end). */
 #if defined(__AVX512F__)
 typedef float vfloat __attribute__((vector_size(64)));
 #define TG 4 /* 24 accumulators + 4 weights + 1 x of the 32 zmm registers: 64 rows x 6 tokens */
@@ -1051,9 +1050,8 @@ static const panel_tiles_fn PANEL_TILE_FNS[TG] = {
 
 /* A panel's bytes: 3/8 of a core's L2 (192 KiB where the C library does not say). Each token
  * tile's activations are read once per panel, from L3 at 512 tokens (2 MiB of them): the larger
- * the panel, the more row groups share that read. On a Xeon with 2 MiB of L2, 768 KiB ran Q4_K
- * 3072 x 1024 and Q6_K 1024 x 3072 at 512 tokens 1.07-1.17x faster than 192 KiB; 1.5 MiB was
- * slower again (the panel and the activations no longer both fit). */
+ * the panel, the more row groups share that read, up to where the panel and the activations no
+ * longer both fit in L2. */
 static int64_t panel_bytes(void) {
 #ifdef PANEL_BYTES
     return PANEL_BYTES;

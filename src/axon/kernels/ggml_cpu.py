@@ -28,7 +28,7 @@ F32 = 0  # the C kernel also multiplies plain float32 rows (as 32-wide "blocks")
 MAX_TOKENS = 64
 # Below this many weight bytes a matmul runs on one thread: a layer of a small model takes
 # ~0.1 ms, less than waking and joining threads costs, and far less than one descheduled thread
-# stalls the rest on a shared machine (measured: 2 threads decoded 6x slower than 1 at load 5).
+# stalls the rest on a shared machine.
 PARALLEL_MIN_BYTES = 256 << 10
 
 
@@ -135,7 +135,7 @@ def dense_weights(weight: torch.Tensor) -> GGMLWeights | None:
     """A float32 weight [N, K] as a one-part GGMLWeights (its own memory, no copy), or None
     where the C kernel does not apply (other dtypes or devices, K not a multiple of 32, no
     compiler). At 2-64 rows torch's float32 GEMM (MKL) runs far below the memory bandwidth on
-    some CPUs (3x slower at 2 rows than at 1 on AMD EPYC); this kernel stays bandwidth-bound."""
+    some CPUs; this kernel stays bandwidth-bound."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         return None
     if weight.shape[1] % 32 or not weight.is_contiguous() or not supports(F32):

@@ -92,9 +92,8 @@ static int pk_of(int type) { return type == Q4_K_PANELS ? 1 : 2; }
 #define PF32_AHEAD 12288 /* legacy, one token: bytes ahead of the rows (2-8, 24 KiB: slower) */
 #endif
 /* Every software prefetch of weights here brings its line into L2, not L1 (locality 2, x86's
- * prefetcht1): the lines come a unit or 16 KiB ahead, and brought into L1 they pushed out the
- * lines the tiles were reading (the current unit, the activations). On a Xeon (2 cores, 30 GB/s)
- * T1 made one-token decode 1.14-1.23x faster in process (Qwen3 Q4_K_M and Q8_0, the demo). */
+ * prefetcht1): the lines come a unit or 16 KiB ahead, and brought into L1 they would push out
+ * the lines the tiles are reading (the current unit, the activations). */
 #define PREFETCH_L2(p) __builtin_prefetch((p), 0, 2)
 #ifndef AHEAD_UNITS
 #define AHEAD_UNITS 1 /* a panel decode prefetches this many units on (2, 4: no faster) */
@@ -117,8 +116,8 @@ static int pk_of(int type) { return type == Q4_K_PANELS ? 1 : 2; }
 #endif
 /* Tokens per tile: a loaded weight vector serves up to TILE tokens (4: Q8_0 ran ~1/3 slower). The
  * 512-bit tiles hold 8: their 3 x 8 accumulators fit the 32 registers, and 16 tokens (c16
- * decode) take two passes over a unit instead of three (Q6_K LM head at 16 tokens 1.07-1.09x,
- * 8 tokens 1.16x, same bits); the 256-bit tiles keep 6. */
+ * decode) take two passes over a unit instead of three (faster at 8 and 16 tokens, same bits);
+ * the 256-bit tiles keep 6. */
 #ifdef TILE_512
 #define TILE 8
 #else
@@ -294,8 +293,8 @@ static void quantize_token_32(const float *x, int64_t cols, int8_t *q, float *d,
 }
 
 /* Quantize every token for the activation formats the parts need. On the calling thread,
- * before the parallel region: it costs ~1 % of the products, and a barrier after it cost a
- * scheduler quantum whenever a thread was descheduled on a shared machine. */
+ * before the parallel region: it costs ~1 % of the products, and a barrier after it costs a
+ * scheduler quantum whenever a thread is descheduled on a shared machine. */
 static void quantize_tokens(const float *x, int64_t tokens, int64_t cols, Acts *k_acts,
                             Acts *acts32) {
     for (int64_t t = 0; t < tokens; t++) {
@@ -532,8 +531,7 @@ static inline void prefetch_block_ahead(const uint8_t *b, int bytes, int64_t ahe
 
 /* Eight fp16 values, one per row, gathered in two 64-bit words and converted at once: a vector
  * load of eight 2-byte stores would wait for them to leave the store buffer (store forwarding
- * fails on a load wider than the stores): on an Intel Xeon perf put a quarter of a Q4_K
- * panel's decode at the store after that load. */
+ * fails on a load wider than the stores), a stall that shows in a Q4_K panel's decode. */
 typedef struct {
     uint64_t lo, hi; /* rows 0-3, 4-7: two named words stay in registers (an indexed pair did not) */
 } Halves;
@@ -786,7 +784,7 @@ static inline void store_rows(__m256 v, float *y, int count) {
 /* Two panels in one 512-bit vector (panel 0's 8 rows in the low half, panel 1's in the high):
  * the tiles of full units (16 rows) below. Every lane does the same integer and float steps as
  * in the 256-bit tiles, so the bits are the same. Zen 4 splits a 512-bit multiply in two, so it
- * keeps the 256-bit tiles; on an Intel Xeon 512-bit VNNI gave 1.35x the 256-bit throughput. */
+ * keeps the 256-bit tiles; Intel's 512-bit VNNI does twice the work per instruction. */
 INLINE __m512i pair_of(const void *lo, const void *hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *)lo)),
                               _mm256_load_si256((const __m256i *)hi), 1);
@@ -1409,8 +1407,8 @@ INLINE void gemv_32(const int type, const uint8_t *w, int64_t row_bytes, int cou
             body(T, w, row_bytes, count, blocks, x, y);                                           \
     }
 GEMV_FN(Q4_K, gemv_k) GEMV_FN(Q5_K, gemv_k) GEMV_FN(Q6_K, gemv_k)
-/* Legacy rows of any length 8 side by side: row after row with their sums kept ran Q8_0 at
- * ~60 % of the exact path from memory (and at half gemv_32's speed from cache). */
+/* Legacy rows of any length 8 side by side: row after row with their sums kept is slower, from
+ * memory and from cache. */
 #define GEMV32_FN(T)                                                                              \
     NOINLINE void gemv_##T(const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,       \
                            const Token *x, float *y) {                                            \
@@ -1732,8 +1730,8 @@ int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
                        units, chunk, &k_acts, &acts32, y};
     if (tokens > 1) units *= (tokens + chunk - 1) / chunk;
     /* A memory stream: each thread walks one contiguous share of the units (handed out in turn
-     * they broke the prefetcher's streams every 32 rows at one token; a 16-token LM head on 2
-     * threads was 1-8 % slower) and steals from the back of the others' when its own is done,
+     * they would break the prefetcher's streams every 32 rows at one token) and steals from the
+     * back of the others' when its own is done,
      * so a descheduled thread holds up no more than the unit it is in. */
     const int failed = !run_shares(units, threads, run_call, &call);
     free(owned);

@@ -54,8 +54,8 @@ def pack(raw: torch.Tensor, ggml_type: int, cols: int) -> tuple[int, torch.Tenso
     block bytes] uint8): the layout the tiles read without decoding, 16 rows' codes interleaved
     as bits block by block, their multipliers as bytes, d (and Q4_K's dmin) as float32
     (ggml_q8.c): 5.6 % (Q4_K) and 1 % (Q6_K) more bytes than the GGUF's, and the products are
-    the same bits as from `raw`. Decoding the GGUF blocks into panels was a fifth of a served
-    16-token step."""
+    the same bits as from `raw`. Packed once at load, so no step decodes the GGUF blocks into
+    panels."""
     packed_type, block_bytes = PACKED[int(ggml_type)]
     raw = raw.contiguous()
     rows = raw.shape[0]
@@ -76,8 +76,7 @@ def _huge_empty(rows: int, row_bytes: int) -> torch.Tensor:
     """An uncommitted uint8 [rows, row_bytes] on 2 MiB boundaries, asked for transparent huge
     pages (madvise MADV_HUGEPAGE, which `enabled=madvise` kernels need) before it is first
     written: a weight streamed from memory crosses a 4 KiB page every 4 KiB, and the hardware
-    prefetchers stop at each (a 128 MiB Q6_K LM head read at 1 token: 1.2x slower on 4 KiB
-    pages). Small weights (under a huge page) are a plain allocation."""
+    prefetchers stop at each. Small weights (under a huge page) are a plain allocation."""
     size = rows * row_bytes
     libc = _libc()
     if size < HUGE_PAGE or libc is None:

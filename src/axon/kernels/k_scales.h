@@ -9,8 +9,8 @@
 /* A Q4_K / Q5_K block's eight 6-bit sub-scales (bytes 0-7) and eight 6-bit mins (bytes 8-15),
  * unpacked from `raw`, the block's first 16 bytes (d, dmin, then the 12 packed bytes at offset
  * 4), without leaving the registers. Unpacking in scalars and reading the 16 bytes back as a
- * vector waits on store forwarding (four 4-byte stores into one 16-byte load): on an Intel
- * Xeon that stall was most of the one-token int8 Q4_K GEMV (1.6x slower than the exact one). */
+ * vector waits on store forwarding (four 4-byte stores into one 16-byte load), a stall that can
+ * dominate a one-token GEMV. */
 static inline __m128i k_scales_vec(__m128i raw) {
     const __m128i lo = _mm_shuffle_epi8(raw, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
     const __m128i hi = _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));

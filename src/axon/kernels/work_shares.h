@@ -50,8 +50,8 @@ static inline int64_t next_unit(Share *shares, int threads, int me, int *k) {
 
 /* Units [0, units) of work, run(ctx, u) each: thread t runs share t in order, then takes units
  * from the back of the other shares. A thread descheduled mid-call (another process woke on its
- * core: the HTTP process between tokens, a busy machine) no longer holds the call up by its
- * whole share: the others finish it. Each thread still streams contiguous rows while nobody is
+ * core: the HTTP process between tokens, a busy machine) does not hold the call up by its whole
+ * share: the others finish it. Each thread still streams contiguous rows while nobody is
  * descheduled. Returns 0 when a unit failed (run returned 0). */
 static int run_shares(int64_t units, int threads, int (*run)(const void *, int64_t), const void *ctx) {
     if (threads > units) threads = (int)units;

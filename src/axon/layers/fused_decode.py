@@ -6,7 +6,7 @@ output, computed in place in `hidden`, when the step is decode-only and every pi
 has its C kernel (GGML or float32 weights, no biases besides q/k/v), else None, and the layer's
 own PyTorch forward (its reference twin, which calls the same kernels one at a time) runs. The
 C function strings together the very kernels that forward calls, in the same order, so the two
-agree to the bit; what it saves is the Python between them (~0.5 ms a layer on a small model).
+agree to the bit; what it saves is the Python between them, most of a small model's layer.
 With activation_precision="int8" a projection whose GGMLWeights has `int8` set runs on the 8-bit
 kernel (ggml_q8.c) here too, as it does in that forward.
 
@@ -98,7 +98,7 @@ def usable_hidden(hidden: torch.Tensor, max_tokens: int = MAX_TOKENS) -> bool:
 
 
 # (forward context, positions, their C arguments) of the latest step: every layer of a step
-# passes the same ones, and reading them once instead of per layer is ~5 us a layer.
+# passes the same ones, so they are read once a step, not once a layer.
 _step: tuple = (None, None, None)
 
 

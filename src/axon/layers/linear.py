@@ -22,8 +22,8 @@ class SmallBatchLinear:
     `F.linear`, the reference twin. Prepared for one weight at a time (it follows the weight's
     memory, so a reload re-prepares)."""
 
-    # Measured against torch's (MKL) float32 GEMM on a 2-core AMD EPYC: 1.2-1.4x at 1 row,
-    # 1.3-5x at 2-16 rows, 0.8-2x at 64 rows (where MKL's blocking starts to pay).
+    # The C kernel beats torch's (MKL) float32 GEMM up to 16 rows (1.3-5x on an AMD EPYC) and
+    # only sometimes at 64, where MKL's blocking starts to pay.
     MAX_ROWS = 32
 
     def __init__(self) -> None:

@@ -222,13 +222,13 @@ def _to_torch(tensor, arch: str, heads: int | None, mapped: bool = False):
 
 def _raw(data: np.ndarray, rows: int, mapped: bool = False) -> torch.Tensor:
     """The mmapped bytes as a uint8 tensor [rows, row_bytes]: a copy, or with `mapped` a view
-    of the file. A view costs nothing at load (copying the demo model's 235 MiB out of the map
-    took 0.85 s of a 10 s start) and keeps the weights in the page cache, shared by every
-    process that maps the file (an engine and its recovery); the C kernels read the blocks in
-    place, and the tensor holds the numpy memmap, so the file stays mapped while it lives. A
-    tensor-parallel rank narrows the view to its shard and copies only that: no rank reads, let
-    alone dequantizes, a whole tensor it does not own. The view is read-only (a write faults):
-    nothing writes to GGUF weights, which the layers keep as loaded."""
+    of the file. A view costs nothing at load (a copy is a pass over the whole file) and keeps
+    the weights in the page cache, shared by every process that maps the file (an engine and its
+    recovery); the C kernels read the blocks in place, and the tensor holds the numpy memmap, so
+    the file stays mapped while it lives. A tensor-parallel rank narrows the view to its shard
+    and copies only that: no rank reads, let alone dequantizes, a whole tensor it does not own.
+    The view is read-only (a write faults): nothing writes to GGUF weights, which the layers keep
+    as loaded."""
     array = np.asarray(data).view(np.uint8).reshape(rows, -1)
     if not mapped:
         return torch.from_numpy(array.copy())

@@ -15,10 +15,9 @@ margin (the median of a few steps each, so one descheduled step decides nothing;
 far slower than that median ends the probe, lost, at once), and probes again after an interval
 that doubles while the choice holds, at once when the chosen count slows down sharply (a load
 arrived). `AdaptiveThreads` applies it around each step. Only steps of up to PROBE_TOKENS tokens
-(decode) are timed and probed: a prefill step runs the chosen count. A probe on one thread fewer
-landed on whatever step came next, a prefill of another shape included, and made a 512-token
-prefill 1.7x slower (768 against 447 ms, Qwen3 Q4_K_M); probing a repeated prefill shape (a 16 x
-128-token burst) would cost a second of it.
+(decode) are timed and probed: a prefill step runs the chosen count. A probe lands on whatever
+step comes next, and one thread fewer on a long prefill costs far more than a decode step wins;
+probing a repeated prefill shape (a 16 x 128-token burst) would cost a second of it.
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ anonymous memory after `LLM(...)` was such garbage. `malloc_trim` hands it back.
 Serving on the CPU is the opposite case: every prefill step allocates activations of megabytes
 (16 prompts x 128 tokens: 25 MiB for one MLP's intermediate), which glibc maps fresh from the
 kernel and unmaps on free (above its mmap threshold, 32 MiB at most), so each step paid page
-faults and zeroing again: 7% of a 16 x 128-token int8 prefill's samples were in the kernel's
-fault path. `keep_freed_heap` raises both thresholds once the model is loaded, so those buffers
-come from the heap and go back to it: the 16 x 128 prefill ran 5-10% faster. The heap then keeps
+faults and zeroing again. `keep_freed_heap` raises both thresholds once the model is loaded, so
+those buffers come from the heap and go back to it, faulted in once. The heap then keeps
 the largest step's activations resident (+100-120 MiB after that prefill, demo and Qwen3
 Q4_K_M; `docs/performance.md`) until the serving engine has been idle for a heartbeat, when it
 trims them (`engine_proc.EngineLoop`).

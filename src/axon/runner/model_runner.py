@@ -179,7 +179,7 @@ class ModelRunner:
 
     def _slot(self, seq: Sequence, position: int) -> int:
         """The cache slot of the sequence's token at `position` (a decode's one new token: plain
-        ints, where the tensor version above costs ~0.1 ms a step in small torch ops)."""
+        ints, where the tensor version above costs a step several small torch ops)."""
         block, offset = divmod(position, self.plan.block_size)
         return seq.block_table[block] * self.plan.block_size + offset
 

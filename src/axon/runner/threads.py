@@ -4,11 +4,10 @@ axon's CPU decode runs many short OpenMP parallel regions per token (the C kerne
 ops share torch's libgomp). Between regions libgomp's idle threads spin (~300,000 iterations)
 before sleeping. On an idle machine that spin is what keeps batch-1 decode fast: the gap between
 two regions (Python between C calls) is long, and a thread that went to sleep costs a futex wake
-per region (OMP_WAIT_POLICY=PASSIVE measured 51 vs 67 tok/s on the demo model, and spin counts of
-3,000-30,000 no better than PASSIVE). On a machine where another process is busy on one core the
-spin turns against us: the thread sharing that core burns its slice spinning and every barrier
-waits for it (PASSIVE measured 1.6x llama.cpp there, the spinning default 0.8x;
-docs/performance.md, "A busy core"). No single wait setting wins both, so the engine keeps
+per region (OMP_WAIT_POLICY=PASSIVE, or a short spin count, decodes slower there). On a machine
+where another process is busy on one core the spin turns against us: the thread sharing that
+core burns its slice spinning and every barrier waits for it, and PASSIVE is the faster wait
+(docs/performance.md, "A busy core"). No single wait setting wins both, so the engine keeps
 libgomp's default wait and changes the thread count instead, while it runs: one thread fewer
 than cores when that times faster (a busy core), all of them otherwise (`adaptive_threads.py`;
 `adaptive_counts` below says when). A user who sets OMP_NUM_THREADS turns that off.

@@ -21,7 +21,7 @@ _MASK32 = 0xFFFFFFFF
 _HASH_MULTIPLIER = 0x45D9F3B  # < 2^27: a 32-bit value times it stays far below 2^63
 _LARGEST_BELOW_ONE = 1.0 - 2.0**-24  # in float32
 # On CPU the vocabulary-wide race runs a few rows at a time: ~20 elementwise passes over a
-# chunk that stays in cache measured ~3x faster than over the whole [R, V] batch.
+# chunk that stays in cache run ~3x faster than over the whole [R, V] batch.
 _CPU_CHUNK_ELEMENTS = 1 << 20
 
 
@@ -120,8 +120,8 @@ def greedy_token_ids(logits: torch.Tensor) -> list[int]:
 
 
 def _numpy_argmax(logits: torch.Tensor) -> bool:
-    """Whether numpy's argmax takes `logits` [B, V]: CPU float32, where it reads a row once
-    (~20 us over a 262k vocabulary; torch's ~220 us). The same result, ties and NaN included."""
+    """Whether numpy's argmax takes `logits` [B, V]: CPU float32, where it reads a row once,
+    far faster than torch's. The same result, ties and NaN included."""
     return logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
 
 
@@ -151,9 +151,8 @@ def flat_index(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor
     """Return the positions [T] of (rows [T], token_ids [T]) in `logits` [B, V] seen as 1-D.
 
     1-D index_select / index_copy_ on these run serially on CPU, where 2-D advanced indexing
-    (`logits[rows, ids]`) starts an OpenMP region even for a few pairs: measured 5-20 us
-    against 1-27 ms per call on a busy 2-core machine (the region waits for a descheduled
-    thread).
+    (`logits[rows, ids]`) starts an OpenMP region even for a few pairs, which on a busy machine
+    waits for a descheduled thread.
     """
     return rows * logits.shape[-1] + token_ids
 

@@ -169,7 +169,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on (host, port); port 0 picks a free one. Raises OSError."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so, and
-    # without it every keep-alive response waited ~40 ms for a delayed ACK (Nagle). The
+    # without it a keep-alive response can wait for the client's delayed ACK (Nagle). The
     # listener's own TCP_NODELAY is inherited by the connections it accepts (Linux).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -2,13 +2,13 @@
 torch on a repeat load.
 
 AutoTokenizer picks the tokenizer class from the model's config, which it reads through
-transformers' config classes, whose module imports torch: ~2 CPU-s, most of a tokenizer load in
-the HTTP process, which needs no torch otherwise (every `axon serve` start paid it). The class it
-picks is a function of the directory's files (config.json, tokenizer_config.json, tokenizer.json,
-which files exist) and the transformers version. So the first load records the class in axon's
-cache under a key of those, and a later load of the same files imports that class alone and calls
-its `from_pretrained` with the arguments AutoTokenizer passes: the same class, built the same way
-from the same files. A class outside transformers (remote code) is never recorded.
+transformers' config classes, whose module imports torch: the bulk of a tokenizer load, in an
+HTTP process that needs no torch otherwise. The class it picks is a function of the directory's
+files (config.json, tokenizer_config.json, tokenizer.json, which files exist) and the
+transformers version. So the first load records the class in axon's cache under a key of those,
+and a later load of the same files imports that class alone and calls its `from_pretrained` with
+the arguments AutoTokenizer passes: the same class, built the same way from the same files. A
+class outside transformers (remote code) is never recorded.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def load_auto_tokenizer(path: str):
     try:
         tokenizer_class = import_class(json.loads((entry / CLASS_FILE).read_text()))
     except (ImportError, AttributeError, ValueError, KeyError, TypeError):
-        discard(entry)  # e.g. a class this transformers no longer has: the next load rebuilds
+        discard(entry)  # e.g. a class the installed transformers lacks: the next load rebuilds
         return _auto_tokenizer(path)
     if tokenizer_class is None:
         return _auto_tokenizer(path)

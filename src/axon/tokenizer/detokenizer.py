@@ -40,7 +40,7 @@ def backend_decode(tokenizer):
     """The Rust tokenizer's `decode(ids, skip_special_tokens=...)` when `tokenizer.decode` is
     exactly that (a transformers fast tokenizer that does not clean up spaces), else None.
     Streaming decodes twice per token, and the Python wrapper around it costs more than the
-    decode itself (issue 16 point 6)."""
+    decode itself."""
     try:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
         from transformers.tokenization_utils_tokenizers import TokenizersBackend

@@ -2,20 +2,19 @@
 transformers builds from the GGUF vocabulary (SentencePiece `llama` and BPE `gpt2` vocabs, special
 tokens, add_bos), with the chat template from the metadata.
 
-Building it means parsing every metadata field of the file in Python (a minute for gemma-3's
-262k-token vocabulary on a busy machine), so the result is kept in axon's cache
+Building it means parsing every metadata field of the file in Python (slow for a 262k-token
+vocabulary such as gemma-3's), so the result is kept in axon's cache
 (`cache_dir()/tokenizers/<key>/tokenizer.pickle`) keyed by the file (size, mtime, a hash of its
 metadata) and the transformers and tokenizers versions. A pickle, not save_pretrained: it restores
 the very object that was built (no re-normalisation of its settings) in half the time of
 from_pretrained; the cache is the user's own, like the compiled kernels it sits beside, and its
 manifest's sha256 is checked before it is read.
 
-Most of an unpickle is the Rust tokenizer parsing its own JSON (for gemma-3, 262k tokens and
-515k merges: ~1.2 of 1.5 CPU-s; `Tokenizer.from_file` of a saved tokenizer.json costs the same).
-So the pickle holds a BPE tokenizer in parts (`rust_parts`): its settings as JSON, and the
-vocabulary, merges and added tokens as Python objects, from which `models.BPE` builds it; the
-whole unpickle then costs about a fifth less (1.1-1.4 vs 1.45-1.6 CPU-s). What is left is the
-BPE model's own build (vocabulary and merge maps, ~0.6 CPU-s), which no serialization avoids.
+Most of an unpickle is the Rust tokenizer parsing its own JSON (`Tokenizer.from_file` of a
+saved tokenizer.json costs the same). So the pickle holds a BPE tokenizer in parts
+(`rust_parts`): its settings as JSON, and the vocabulary, merges and added tokens as Python
+objects, from which `models.BPE` builds it. What is left is the BPE model's own build
+(vocabulary and merge maps), which no serialization avoids.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """`axon serve`'s first startup model, its engine spawned before the server stack is imported.
 
-A warm start is two processes' work: the engine imports torch and transformers and loads the
-weights (~4 CPU-s for the demo model), the HTTP process imports its stack (torch with it) and
-loads the tokenizer (~5 CPU-s). Spawning the engine only once the HTTP process was listening put
-the two one after the other; spawned first, they run side by side on two cores. The engine is
-spawned from the spec alone, (path, engine arguments), and built into an EngineConfig in the
-child, so nothing heavy is imported here. The registry's first load of that model takes it over
-when it asks for the very same engine (`SpawnedEngine.adopt`), else it is killed and a fresh one
-started; one never claimed is killed once the startup loads are done.
+A warm start is two processes' work of seconds each: the engine imports torch and transformers
+and loads the weights, the HTTP process imports its stack and loads the tokenizer. Spawning the
+engine once the HTTP process listens would put the two one after the other; spawned first, they
+run side by side on two cores. The engine is spawned from the spec alone, (path, engine
+arguments), and built into an EngineConfig in the child, so nothing heavy is imported here. The
+registry's first load of that model takes it over when it asks for the very same engine
+(`SpawnedEngine.adopt`), else it is killed and a fresh one started; one never claimed is killed
+once the startup loads are done.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 from axon.server.errors import BadRequest
 
 PATH_PREFIXES = ("/", "./", "../", "~")
-MAX_PATH_CHARS = 4096  # PATH_MAX: no longer id can name a file
+MAX_PATH_CHARS = 4096  # PATH_MAX: an id longer than this names no file
 # A checkpoint is a directory of at most a few hundred files; a directory search stops here.
 MAX_LISTED_ENTRIES = 10_000
 
