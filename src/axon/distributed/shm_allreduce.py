@@ -1,7 +1,7 @@
 """All-reduce and all-gather through shared memory for CPU ranks on one host (vLLM's CPU backend
 does the same): a rank copies its tensor into its slot of one /dev/shm segment, raises its
 sequence flag, waits for every other rank's flag, and sums the slots in rank order. No TCP, no
-gloo ring: a small reduce costs a few microseconds of copies instead of ~1 ms of loopback.
+gloo ring: a small reduce is a few copies instead of a loopback round trip.
 
 Layout of the segment (one per engine, made by rank 0 at group init):
 

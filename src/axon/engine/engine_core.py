@@ -1,7 +1,7 @@
 """The owner loop: one object owns the runner, the KV blocks and the scheduler.
 
-Commands (add, abort, step, queries) are plain method calls; the server issue wraps this object
-in its own process, so nothing here may assume a frontend.
+Commands (add, abort, step, queries) are plain method calls; engine_proc.py wraps this object in
+its own process, so nothing here may assume a frontend.
 """
 
 from __future__ import annotations
