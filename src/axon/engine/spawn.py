@@ -1,6 +1,6 @@
 """Spawning an engine process, apart from the client that talks to it: `axon serve` spawns its
-first model's engine before it imports anything heavy (see server/lifecycle/early_engine.py), so this
-module imports nothing but the standard library."""
+first model's engine before it imports anything heavy (see server/lifecycle/early_engine.py),
+so this module imports nothing but the standard library."""
 
 from __future__ import annotations
 
