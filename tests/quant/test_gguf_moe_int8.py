@@ -73,8 +73,8 @@ def test_int8_greedy_does_not_depend_on_the_batch(checkpoint, gguf_files):  # no
         engine.reset_prefix_cache()
         (alone,) = _greedy(engine, [prompt])
         assert alone[0] == batched[0], f"prompt of {len(prompt)}"
-        # The int8 tiles sum a different number of tokens per pass as the batch changes, so
-        # the log-probabilities agree to rounding, not to the bit.
+        # A prompt alone and in a batch differ by ~1e-6 in log-probability on the exact path as
+        # well as here (measured), so they are compared to rounding, not to the bit.
         for got, want in zip(alone[1], batched[1], strict=True):
             assert got[0] == want[0] and got[2] == want[2]
             assert got[1] == pytest.approx(want[1], abs=1e-4)
