@@ -16,8 +16,8 @@ from torch import nn
 
 from axon.kernels import ggml_q8
 from axon.layers.fused_moe import FusedMoE, SparseMoeBlock, select_experts
+from axon.layers.int8_activations import use_int8_activations
 from axon.layers.norm import RMSNorm
-from axon.layers.quantized import use_int8_activations
 
 from .test_moe import NUM_EXPERTS, TOP_K, _quantized_layer, _random_experts, needs_c_kernels
 from .test_moe_decode import on_one_and_two_threads

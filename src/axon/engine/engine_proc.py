@@ -44,6 +44,7 @@ from axon.engine.messages import (
     decode,
     encode,
 )
+from axon.kernels import build
 from axon.loader import progress
 from axon.models.weights import parameter_bytes
 from axon.runner.heap import release_freed_heap
@@ -103,8 +104,6 @@ def _compile_kernels(core: EngineCore) -> None:
     """Builds the CPU kernel library now (once per machine, cached), inside the load deadline,
     so that the first step is not mistaken for a wedged one."""
     if core.runner.device.type == "cpu":
-        from axon.kernels import build  # lazy: only CPU engines build the C kernels
-
         build.load()
 
 

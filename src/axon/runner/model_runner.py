@@ -12,8 +12,8 @@ from axon.batch import SchedulerOutput
 from axon.config import EngineConfig
 from axon.layers.attention import Attention
 from axon.layers.forward_context import AttentionMetadata, PrefillChunk, set_forward_context
+from axon.layers.int8_activations import use_int8_activations
 from axon.layers.linear_attention import GatedDeltaNet
-from axon.layers.quantized import use_int8_activations
 from axon.loader import load_hf_config, progress
 from axon.loader.pooling import resolve_task
 from axon.models.registry import get_model_class
