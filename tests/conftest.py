@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
@@ -31,6 +32,27 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(1)
+    # `--dist loadfile` hands out files largest test count first (xdist's loadscope reorder),
+    # which leaves the files of a few long tests (tensor-parallel runs, the demo model, GGUF
+    # conversions) to the end, where one worker runs them while the other idles. The order
+    # `_slow_files_first` gives is kept instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Reorder `items`, each file's tests kept together and in order: files holding a `slow` test
+    first, in collection order; then the others, most tests first (xdist's own order)."""
+    files = [item.nodeid.split("::", 1)[0] for item in items]
+    counts = Counter(files)
+    first = {file: index for index, file in reversed(list(enumerate(files)))}
+    slow = {file for file, item in zip(files, items) if "slow" in item.keywords}
+
+    def key(file: str) -> tuple[bool, int, int]:
+        return file not in slow, 0 if file in slow else -counts[file], first[file]
+
+    order = sorted(range(len(items)), key=lambda index: (key(files[index]), index))
+    items[:] = [items[index] for index in order]
 
 
 def _cuda_available() -> bool:
@@ -42,6 +64,7 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _slow_files_first(items)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
