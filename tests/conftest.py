@@ -14,11 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from llama_cpp_sdist import CACHE, cache_lock
+from llama_cpp_sdist import CACHE, cache_lock, start_prefetch, stop_prefetch
 
 if importlib.util.find_spec("axon") is None:
     # Lets `pytest` run from a plain checkout, without an editable install or PYTHONPATH.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+_PREFETCH = pytest.StashKey["subprocess.Popen | None"]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,6 +41,20 @@ def pytest_configure(config: pytest.Config) -> None:
     # `_slow_files_first` gives is kept instead.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The controller of a multi-worker run (it runs no tests): a fresh machine's sdist download
+    # (tens of seconds of network) then overlaps the tests before the first one needing it.
+    config = session.config
+    workers = getattr(config.option, "numprocesses", None)
+    if workers and not hasattr(config, "workerinput") and not config.option.collectonly:
+        config.stash[_PREFETCH] = start_prefetch()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if (process := config.stash.get(_PREFETCH, None)) is not None:
+        stop_prefetch(process)
 
 
 def _slow_files_first(items: list[pytest.Item]) -> None:
