@@ -63,6 +63,7 @@ MIN_REFERENCE_MARGIN = 1e-3
 ATOL = 1e-4  # fp32 activations on both sides; without a C compiler, bf16 activations
 RTOL = None if ggml_cpu.available() else 0.15  # of the largest logit (the int4 fallback)
 Q4_K = GGMLQuantizationType.Q4_K
+pytestmark = pytest.mark.slow  # converter runs and a real vocabulary
 
 
 @pytest.fixture(scope="module")
