@@ -36,9 +36,10 @@ from axon.server.errors import Unprocessable
 from axon.server.node_protocol import ModelSpec
 from axon.server.sources import resolve_model
 from quant.test_gguf_moe import VOCAB_SIZE, _converted, converter  # noqa: F401 (fixture)
-from tests.model.qwen3_5_tiny import _VISION, _perturb, qwen3_5_engine_kwargs
-from tests.model.test_moe import _config, write_moe
+from tests.model.qwen3_5_tiny import _perturb, qwen3_5_engine_kwargs
+from tests.model.test_moe import write_moe
 from tests.model.tiny_models import TinyModel, engine_kwargs, random_prompts
+from tiny_configs import QWEN3_5_VISION, moe_config
 
 pytestmark = pytest.mark.slow
 PROMPT_LENGTHS = (9, 21, 30, 5)
@@ -51,7 +52,7 @@ CASES = {"qwen3_moe": (64, True), "qwen3_5_moe_text": (32, False)}
 @torch.no_grad()
 def _checkpoint(arch: str, root) -> TinyModel:
     width, fused = CASES[arch]
-    config = _config(arch)
+    config = moe_config(arch)
     config.moe_intermediate_size = width
     config._attn_implementation = "eager"
     torch.manual_seed(21)
@@ -165,7 +166,7 @@ def test_multimodal_checkpoint_tp2_equals_tp1(tiny_model_root):
     """`qwen3_5_moe` (vision tower alongside, whole on every rank): its text model shards."""
     text = _checkpoint("qwen3_5_moe_text", tiny_model_root).hf_model
     config = Qwen3_5MoeConfig(
-        text_config=text.config.to_dict(), vision_config=_VISION, tie_word_embeddings=False
+        text_config=text.config.to_dict(), vision_config=QWEN3_5_VISION, tie_word_embeddings=False
     )
     model = Qwen3_5MoeForConditionalGeneration(config).eval()
     model.model.language_model.load_state_dict(text.model.state_dict())
@@ -189,7 +190,7 @@ def test_multimodal_checkpoint_tp2_equals_tp1(tiny_model_root):
 
 @pytest.mark.parametrize("width", ["moe_intermediate_size", "shared_expert_intermediate_size"])
 def test_indivisible_expert_width_is_named(width):
-    config = _config("qwen3_5_moe_text")
+    config = moe_config("qwen3_5_moe_text")
     setattr(config, width, 42)  # the heads (4, 2 key, 4 value) divide by 4
     engine = EngineConfig(model="unused", tensor_parallel_size=4, device="cpu")
     with pytest.raises(ValueError, match=f"{width} 42 is not divisible by tensor_parallel_size 4"):
