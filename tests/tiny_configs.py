@@ -299,3 +299,35 @@ BYTE_QWEN3 = dict(
     tie_word_embeddings=True,
     eos_token_id=BYTE_EOS_ID,
 )
+
+# ---- real-vocabulary MoE for llama.cpp's converter (tests/quant/test_gguf_moe.py) -------------
+# The converter insists on a real vocabulary; callers add the tokenizer's pad and eos ids.
+
+QWEN3_VOCAB_SIZE = 151_936  # Qwen3's (padded)
+QWEN3_5_VOCAB_SIZE = 248_320  # Qwen3.5's (padded)
+QWEN3_MOE_GGUF = dict(
+    vocab_size=QWEN3_VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+    num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[],
+    norm_topk_prob=True,  # llama.cpp's qwen3moe always renormalises
+    max_position_embeddings=1024, initializer_range=0.2, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, bos_token_id=None,
+    rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+)  # fmt: skip
+# engine/test_tensor_parallel_moe.py: 64-wide experts split into whole 32-column Q8_0 blocks
+# over 2 ranks, the 128-wide attention output into whole blocks over 4.
+QWEN3_MOE_TP_GGUF = {**QWEN3_MOE_GGUF, "head_dim": 32, "moe_intermediate_size": 64}
+# Widths 256: a Q4_K row is made of 256-wide super-blocks.
+QWEN3_5_MOE_GGUF = dict(
+    vocab_size=QWEN3_5_VOCAB_SIZE, hidden_size=256, num_hidden_layers=2,
+    layer_types=["linear_attention", "full_attention"], num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+    shared_expert_intermediate_size=128, max_position_embeddings=1024,
+    initializer_range=0.2, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=None,
+    rope_parameters={
+        "rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 0], "mrope_interleaved": True,
+    },
+)  # fmt: skip
