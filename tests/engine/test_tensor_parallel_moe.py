@@ -35,10 +35,11 @@ from axon.server.config import ServerConfig
 from axon.server.errors import Unprocessable
 from axon.server.lifecycle.sources import resolve_model
 from axon.server.schemas.node_protocol import ModelSpec
-from quant.test_gguf_moe import VOCAB_SIZE, _converted, converter  # noqa: F401 (fixture)
-from tests.model.qwen3_5_tiny import _VISION, _perturb, qwen3_5_engine_kwargs
-from tests.model.test_moe import _config, write_moe
+from quant.test_gguf_moe import _converted, converter  # noqa: F401 (fixture)
+from tests.model.qwen3_5_tiny import _perturb, qwen3_5_engine_kwargs
+from tests.model.test_moe import write_moe
 from tests.model.tiny_models import TinyModel, engine_kwargs, random_prompts
+from tiny_configs import QWEN3_5_VISION, QWEN3_MOE_TP_GGUF, moe_config
 
 pytestmark = pytest.mark.slow
 PROMPT_LENGTHS = (9, 21, 30, 5)
@@ -51,7 +52,7 @@ CASES = {"qwen3_moe": (64, True), "qwen3_5_moe_text": (32, False)}
 @torch.no_grad()
 def _checkpoint(arch: str, root) -> TinyModel:
     width, fused = CASES[arch]
-    config = _config(arch)
+    config = moe_config(arch)
     config.moe_intermediate_size = width
     config._attn_implementation = "eager"
     torch.manual_seed(21)
@@ -165,7 +166,7 @@ def test_multimodal_checkpoint_tp2_equals_tp1(tiny_model_root):
     """`qwen3_5_moe` (vision tower alongside, whole on every rank): its text model shards."""
     text = _checkpoint("qwen3_5_moe_text", tiny_model_root).hf_model
     config = Qwen3_5MoeConfig(
-        text_config=text.config.to_dict(), vision_config=_VISION, tie_word_embeddings=False
+        text_config=text.config.to_dict(), vision_config=QWEN3_5_VISION, tie_word_embeddings=False
     )
     model = Qwen3_5MoeForConditionalGeneration(config).eval()
     model.model.language_model.load_state_dict(text.model.state_dict())
@@ -189,7 +190,7 @@ def test_multimodal_checkpoint_tp2_equals_tp1(tiny_model_root):
 
 @pytest.mark.parametrize("width", ["moe_intermediate_size", "shared_expert_intermediate_size"])
 def test_indivisible_expert_width_is_named(width):
-    config = _config("qwen3_5_moe_text")
+    config = moe_config("qwen3_5_moe_text")
     setattr(config, width, 42)  # the heads (4, 2 key, 4 value) divide by 4
     engine = EngineConfig(model="unused", tensor_parallel_size=4, device="cpu")
     with pytest.raises(ValueError, match=f"{width} 42 is not divisible by tensor_parallel_size 4"):
@@ -206,14 +207,10 @@ def q8_file(tmp_path_factory, qwen3_tokenizer, converter):  # noqa: F811 (the fi
     into whole blocks over 4; cached by what it is made from."""
     tokenizer = qwen3_tokenizer
     config = Qwen3MoeConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
-        num_experts_per_tok=2, moe_intermediate_size=64, mlp_only_layers=[],
-        norm_topk_prob=True, max_position_embeddings=1024, initializer_range=0.2,
-        rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-    )  # fmt: skip
+        **QWEN3_MOE_TP_GGUF,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(31)
     model = Qwen3MoeForCausalLM(config).eval()
     _perturb(model, torch.Generator().manual_seed(32))

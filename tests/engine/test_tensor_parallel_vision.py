@@ -14,10 +14,11 @@ from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from axon import LLM
 from axon.runner.tensor_parallel import image_sources
 from axon.sequence import ImageInputs
-from tests.model.qwen3_5_tiny import _VISION, _perturb, qwen3_5_engine_kwargs, write_qwen3_5
-from tests.model.test_qwen3_5_images import CASES, END, GREEDY, IMAGE, PREPROCESSOR, START, TEXT
+from tests.model.qwen3_5_tiny import _perturb, qwen3_5_engine_kwargs, write_qwen3_5
+from tests.model.test_qwen3_5_images import CASES, END, GREEDY, IMAGE, START
 from tests.model.test_qwen3_5_images import _request as image_request
 from tests.model.tiny_models import TinyModel
+from tiny_configs import PREPROCESSOR, QWEN3_5_IMAGES_TEXT, QWEN3_5_VISION
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,10 @@ def vl(tmp_path_factory) -> TinyModel:
     torch.manual_seed(99)
     ids = dict(image_token_id=IMAGE, vision_start_token_id=START, vision_end_token_id=END)
     config = Qwen3_5Config(
-        text_config=TEXT, vision_config=_VISION, tie_word_embeddings=False, **ids
+        text_config=QWEN3_5_IMAGES_TEXT,
+        vision_config=QWEN3_5_VISION,
+        tie_word_embeddings=False,
+        **ids,
     )
     config._attn_implementation = "eager"
     model = Qwen3_5ForConditionalGeneration(config).to(torch.float32).eval()

@@ -20,6 +20,7 @@ from tests.server.conftest import write_tiny_qwen3
 STEP_TIMEOUT_S = 4.0
 GRACE_S = 3.0
 NUM_STREAMS = 16
+pytestmark = pytest.mark.slow  # a fleet of servers and step deadlines
 LONG = {"max_tokens": 1900, "ignore_eos": True}  # far longer than any test waits
 
 

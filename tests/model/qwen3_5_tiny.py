@@ -18,51 +18,12 @@ from transformers import (
     Qwen3_5TextConfig,
 )
 
-from .tiny_models import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, TinyModel, build_tokenizer
+from tiny_configs import QWEN3_5_TEXT, QWEN3_5_VISION
+
+from .tiny_models import TinyModel, build_tokenizer
 
 QWEN3_5_ARCHS = ("qwen3_5_text", "qwen3_5")
 SEED = 4321
-LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
-
-_TEXT = dict(
-    vocab_size=VOCAB_SIZE,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    layer_types=LAYER_TYPES,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=8,
-    linear_conv_kernel_dim=4,
-    max_position_embeddings=1024,
-    initializer_range=0.2,
-    rms_norm_eps=1e-6,
-    pad_token_id=PAD_ID,
-    bos_token_id=BOS_ID,
-    eos_token_id=EOS_ID,
-    rope_parameters={
-        "rope_type": "default",
-        "rope_theta": 10_000_000.0,
-        "partial_rotary_factor": 0.25,
-        "mrope_section": [1, 1, 0],
-        "mrope_interleaved": True,
-    },
-)
-_VISION = dict(
-    depth=1,
-    hidden_size=32,
-    intermediate_size=64,
-    num_heads=2,
-    patch_size=4,
-    temporal_patch_size=2,
-    spatial_merge_size=2,
-    out_hidden_size=64,
-    num_position_embeddings=16,
-)
 
 
 def build_qwen3_5(arch: str, seed: int = SEED, **text_overrides):
@@ -70,7 +31,7 @@ def build_qwen3_5(arch: str, seed: int = SEED, **text_overrides):
     vision tower), so both archs share the greedy references' logit margins. `text_overrides`
     replace entries of the text config (text arch only)."""
     torch.manual_seed(seed)
-    text_config = {**_TEXT, "tie_word_embeddings": False, **text_overrides}
+    text_config = {**QWEN3_5_TEXT, "tie_word_embeddings": False, **text_overrides}
     config = Qwen3_5TextConfig(**text_config)
     config._attn_implementation = "eager"
     text = Qwen3_5ForCausalLM(config).to(torch.float32).eval()
@@ -79,7 +40,9 @@ def build_qwen3_5(arch: str, seed: int = SEED, **text_overrides):
         return text
     if arch != "qwen3_5" or text_overrides:
         raise ValueError(f"unknown qwen3_5 test arch {arch!r} (or overrides for it)")
-    config = Qwen3_5Config(text_config=_TEXT, vision_config=_VISION, tie_word_embeddings=False)
+    config = Qwen3_5Config(
+        text_config=QWEN3_5_TEXT, vision_config=QWEN3_5_VISION, tie_word_embeddings=False
+    )
     config._attn_implementation = "eager"
     model = Qwen3_5ForConditionalGeneration(config).to(torch.float32).eval()
     model.model.language_model.load_state_dict(text.model.state_dict())

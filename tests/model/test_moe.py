@@ -15,8 +15,6 @@ from transformers import (
     Qwen3_5MoeConfig,
     Qwen3_5MoeForCausalLM,
     Qwen3_5MoeForConditionalGeneration,
-    Qwen3_5MoeTextConfig,
-    Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
 
@@ -27,12 +25,10 @@ from axon.layers.activation import SiluAndMul
 from axon.layers.fused_moe import FusedMoE, fused_moe, fused_moe_ref, select_experts
 from axon.layers.quantized import QuantizedTensor
 from quant.kquants import quantize_k
+from tiny_configs import NUM_EXPERTS, QWEN3_5_VISION, TOP_K, moe_config
 
-from .qwen3_5_tiny import _VISION, qwen3_5_engine_kwargs
+from .qwen3_5_tiny import qwen3_5_engine_kwargs
 from .tiny_models import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
     VOCAB_SIZE,
     TinyModel,
     build_tokenizer,
@@ -43,7 +39,6 @@ from .tiny_models import (
 ATOL = 1e-4
 MAX_TOKENS = 32
 MIN_REFERENCE_MARGIN = 1e-3
-NUM_EXPERTS, TOP_K, EXPERT_WIDTH = 8, 2, 32
 LOGIT_LENGTHS = (1, 5, 17, 40)
 GREEDY_LENGTHS = (1, 5, 17, 33)
 PROMPT_SEED, GREEDY_SEED = 3, 14  # greedy: every reference margin clears 2e-3
@@ -53,60 +48,12 @@ needs_c_kernels = pytest.mark.skipif(
     not cpu_moe.ExpertWeights.usable({}, "silu"), reason="no C compiler: the PyTorch path runs"
 )
 
-_COMMON = dict(
-    vocab_size=VOCAB_SIZE,
-    hidden_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    num_experts=NUM_EXPERTS,
-    num_experts_per_tok=TOP_K,
-    moe_intermediate_size=EXPERT_WIDTH,
-    max_position_embeddings=1024,
-    initializer_range=0.2,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-    pad_token_id=PAD_ID,
-    bos_token_id=BOS_ID,
-    eos_token_id=EOS_ID,
-)
-
-
-def _config(arch: str):
-    if arch == "qwen3_moe":  # sparse, dense, sparse; top-k weights not renormalised
-        return Qwen3MoeConfig(
-            **_COMMON,
-            intermediate_size=96,
-            num_hidden_layers=3,
-            mlp_only_layers=[1],
-            norm_topk_prob=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        )
-    return Qwen3_5MoeTextConfig(
-        **_COMMON,
-        shared_expert_intermediate_size=48,
-        num_hidden_layers=2,
-        layer_types=["linear_attention", "full_attention"],
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=8,
-        linear_conv_kernel_dim=4,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10_000_000.0,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": [1, 1, 0],
-            "mrope_interleaved": True,
-        },
-    )
-
 
 @torch.no_grad()
 def build_moe(arch: str, seed: int = 77):
     """An fp32 eval model with norms, `dt_bias` and `A_log` perturbed (init leaves them flat)."""
     torch.manual_seed(seed)
-    config = _config(arch)
+    config = moe_config(arch)
     config._attn_implementation = "eager"
     model_cls = Qwen3MoeForCausalLM if arch == "qwen3_moe" else Qwen3_5MoeForCausalLM
     model = model_cls(config).to(torch.float32).eval()
@@ -205,7 +152,7 @@ def test_multimodal_checkpoint_runs_its_text_model(tiny_model_root, tmp_path):
     tiny = get_moe("qwen3_5_moe_text", tiny_model_root)
     text_config = tiny.hf_model.config.to_dict()
     config = Qwen3_5MoeConfig(
-        text_config=text_config, vision_config=_VISION, tie_word_embeddings=False
+        text_config=text_config, vision_config=QWEN3_5_VISION, tie_word_embeddings=False
     )
     model = Qwen3_5MoeForConditionalGeneration(config).eval()
     model.model.language_model.load_state_dict(tiny.hf_model.model.state_dict())

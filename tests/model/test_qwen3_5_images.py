@@ -22,37 +22,14 @@ from axon.config import EngineConfig
 from axon.engine.client import EngineClient
 from axon.multimodal.placeholders import expand_image_placeholders
 from axon.multimodal.processor import ImageProcessor, ProcessorConfig
+from tiny_configs import PREPROCESSOR, QWEN3_5_IMAGES_TEXT, QWEN3_5_VISION
 
-from .qwen3_5_tiny import _TEXT, _VISION, _perturb, qwen3_5_engine_kwargs, write_qwen3_5
+from .qwen3_5_tiny import _perturb, qwen3_5_engine_kwargs, write_qwen3_5
 from .tiny_models import PAD_ID, TinyModel
 
 IMAGE, VIDEO, START, END = 380, 381, 382, 383
 MAX_TOKENS = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-PREPROCESSOR = {
-    "patch_size": 4,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "size": {"shortest_edge": 8 * 8 * 4, "longest_edge": 8 * 8 * 12},  # 4..12 LM tokens
-    "image_mean": [0.5, 0.45, 0.4],
-    "image_std": [0.25, 0.26, 0.27],
-    "resample": 3,
-}
-
-
-# Two full-attention layers and a wider, faster rotary than qwen3_5_tiny's, so that wrong M-RoPE
-# positions change the greedy tokens.
-TEXT = {
-    **_TEXT,
-    "layer_types": ["linear_attention", "full_attention"] * 2,
-    "rope_parameters": {
-        "rope_type": "default",
-        "rope_theta": 10_000.0,
-        "partial_rotary_factor": 0.5,
-        "mrope_section": [2, 1, 1],
-        "mrope_interleaved": True,
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +39,10 @@ def tiny(tmp_path_factory) -> TinyModel:
         vision_end_token_id=END
     )
     config = Qwen3_5Config(
-        text_config=TEXT, vision_config=_VISION, tie_word_embeddings=False, **ids
+        text_config=QWEN3_5_IMAGES_TEXT,
+        vision_config=QWEN3_5_VISION,
+        tie_word_embeddings=False,
+        **ids,
     )
     config._attn_implementation = "eager"
     model = Qwen3_5ForConditionalGeneration(config).to(torch.float32).eval()
@@ -224,5 +204,5 @@ def test_encode_image_through_the_engine_process(tiny):
             await client.shutdown()
 
     rows = torch.tensor(asyncio.run(main()))
-    assert rows.shape == (processed.num_tokens, TEXT["hidden_size"])
+    assert rows.shape == (processed.num_tokens, QWEN3_5_IMAGES_TEXT["hidden_size"])
     torch.testing.assert_close(rows, expected, atol=1e-4, rtol=1e-4)

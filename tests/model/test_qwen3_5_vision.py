@@ -24,48 +24,29 @@ from axon.models.qwen3_5_vision import (
     varlen_attention,
     varlen_attention_ref,
 )
+from tiny_configs import TOWER_TEXT, TOWER_VISION
 
 IMAGE, VIDEO, START, END = 90, 91, 92, 93  # token ids of the tiny configs
 GRIDS = [[1, 4, 6], [1, 8, 4]]
-_VISION = dict(
-    depth=3,
-    hidden_size=32,
-    intermediate_size=64,
-    num_heads=2,
-    patch_size=16,
-    temporal_patch_size=2,
-    spatial_merge_size=2,
-    out_hidden_size=48,
-    num_position_embeddings=49,
-)
-_TEXT = dict(
-    vocab_size=128,
-    hidden_size=48,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=24,
-)
 _IDS = dict(
     image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END
 )
 
 
 def _qwen3_5():
-    text = {**_TEXT, "layer_types": ["full_attention"]}
+    text = {**TOWER_TEXT, "layer_types": ["full_attention"]}
     text["rope_parameters"] = {
         "rope_type": "default",
         "rope_theta": 1e4,
         "mrope_section": [4, 4, 4],
     }
-    config = Qwen3_5Config(text_config=text, vision_config=_VISION, **_IDS)
+    config = Qwen3_5Config(text_config=text, vision_config=TOWER_VISION, **_IDS)
     return Qwen3_5ForConditionalGeneration(config)
 
 
 def _qwen3_vl():
-    text = dict(_TEXT, rope_parameters={"rope_type": "default", "mrope_section": [4, 4, 4]})
-    vision = {**_VISION, "deepstack_visual_indexes": [0, 2]}
+    text = dict(TOWER_TEXT, rope_parameters={"rope_type": "default", "mrope_section": [4, 4, 4]})
+    vision = {**TOWER_VISION, "deepstack_visual_indexes": [0, 2]}
     config = Qwen3VLConfig(text_config=text, vision_config=vision, **_IDS)
     return Qwen3VLForConditionalGeneration(config)
 

@@ -22,50 +22,13 @@ from axon import LLM, SamplingParams
 from axon.models.qwen3_vl import Qwen3VLForConditionalGeneration
 from axon.multimodal.placeholders import expand_image_placeholders
 from axon.multimodal.processor import ImageProcessor, ProcessorConfig
+from tiny_configs import PAD_ID, PREPROCESSOR, QWEN3_VL_TEXT, QWEN3_VL_VISION
 
-from .tiny_models import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, TinyModel, write_checkpoint
+from .tiny_models import TinyModel, write_checkpoint
 
 IMAGE, VIDEO, START, END = 380, 381, 382, 383
 MAX_TOKENS = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-PREPROCESSOR = {
-    "patch_size": 4,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "size": {"shortest_edge": 8 * 8 * 4, "longest_edge": 8 * 8 * 12},  # 4..12 LM tokens
-    "image_mean": [0.5, 0.45, 0.4],
-    "image_std": [0.25, 0.26, 0.27],
-    "resample": 3,
-}
-TEXT = dict(
-    vocab_size=VOCAB_SIZE,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=1024,
-    initializer_range=0.2,
-    rms_norm_eps=1e-6,
-    pad_token_id=PAD_ID,
-    bos_token_id=BOS_ID,
-    eos_token_id=EOS_ID,
-    # A fast rotary with every row driving some frequencies: wrong positions change tokens.
-    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [2, 3, 3]},
-)
-VISION = dict(
-    depth=3,
-    hidden_size=32,
-    intermediate_size=64,
-    num_heads=2,
-    patch_size=4,
-    temporal_patch_size=2,
-    spatial_merge_size=2,
-    out_hidden_size=64,
-    num_position_embeddings=16,
-    deepstack_visual_indexes=[0, 2],
-)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +37,7 @@ def tiny(tmp_path_factory) -> TinyModel:
     ids = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START) | dict(
         vision_end_token_id=END
     )
-    config = Qwen3VLConfig(text_config=TEXT, vision_config=VISION, **ids)
+    config = Qwen3VLConfig(text_config=QWEN3_VL_TEXT, vision_config=QWEN3_VL_VISION, **ids)
     config._attn_implementation = "eager"
     model = HFQwen3VL(config).to(torch.float32).eval()
     generator = torch.Generator().manual_seed(5)
@@ -151,7 +114,9 @@ def _request(ids: list[int], images: list[Image.Image]) -> dict:
 
 
 def _llm(tiny: TinyModel, **overrides) -> LLM:
-    kv_per_token = 2 * TEXT["num_hidden_layers"] * TEXT["num_key_value_heads"] * 16 * 4
+    kv_per_token = (
+        2 * QWEN3_VL_TEXT["num_hidden_layers"] * QWEN3_VL_TEXT["num_key_value_heads"] * 16 * 4
+    )
     kwargs = dict(
         model=str(tiny.path),
         dtype="float32",

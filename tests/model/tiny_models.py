@@ -1,8 +1,9 @@
 """Tiny random checkpoints written by transformers, and transformers' answers on them (the oracle).
 
-Every checkpoint is built here from a fixed seed, so a test run downloads nothing. The configs are
-small enough that the whole model suite runs in well under a minute on 2 cores, but each one keeps
-what distinguishes its family: GQA everywhere, tied (qwen3, gemma3) and untied (llama, qwen2)
+Every checkpoint is built here from a fixed seed, so a test run downloads nothing. The configs
+(tests/tiny_configs.py, with the suite's other tiny configs) are small enough that the whole
+model suite runs in well under a minute on 2 cores, but each one keeps what distinguishes its
+family: GQA everywhere, tied (qwen3, gemma3) and untied (llama, qwen2)
 embeddings, q/k/v biases (qwen2), q/k norms (qwen3, gemma3), and for gemma3 `(1 + w)` RMSNorms,
 a scaled embedding, `query_pre_attn_scalar != head_dim`, and sliding-window layers with their own
 RoPE theta next to full-attention ones.
@@ -24,94 +25,21 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import (
     Gemma3ForCausalLM,
-    Gemma3TextConfig,
     GenerationConfig,
-    LlamaConfig,
     LlamaForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
-    Qwen2Config,
     Qwen2ForCausalLM,
-    Qwen3Config,
     Qwen3ForCausalLM,
 )
 
-ARCHS = ("qwen3", "llama", "qwen2", "gemma3_text")
+from tiny_configs import ARCHS as ARCHS
+from tiny_configs import BOS_ID, EOS_ID, PAD_ID, SEED, VOCAB_SIZE, make_config
+from tiny_configs import GEMMA3_SLIDING_WINDOW as GEMMA3_SLIDING_WINDOW
 
-VOCAB_SIZE = 384
-SEED = 1234
-PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
 NORM_NOISE = 0.2  # RMSNorm weights start at ones (or zeros for (1+w)); noise makes them count
 BIAS_STD = 0.2
-GEMMA3_SLIDING_WINDOW = 8
-
-# Shared by every family: GQA with 4 query heads over 2 KV heads.
-_COMMON = dict(
-    vocab_size=VOCAB_SIZE,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=1024,
-    rms_norm_eps=1e-6,
-    initializer_range=0.2,
-    pad_token_id=PAD_ID,
-    bos_token_id=BOS_ID,
-    eos_token_id=EOS_ID,
-)
-
-
-def make_config(arch: str) -> PretrainedConfig:
-    """Return the tiny transformers config for `arch` (one of ARCHS)."""
-    if arch == "qwen3":
-        return Qwen3Config(
-            **_COMMON,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=3,
-            head_dim=32,  # != hidden / heads, as in real Qwen3
-            tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        )
-    if arch == "llama":
-        return LlamaConfig(
-            **_COMMON,
-            hidden_size=64,
-            intermediate_size=160,
-            num_hidden_layers=2,
-            tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
-        )
-    if arch == "qwen2":
-        return Qwen2Config(
-            **_COMMON,
-            hidden_size=96,
-            intermediate_size=192,
-            num_hidden_layers=2,
-            tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        )
-    if arch == "gemma3_text":
-        return Gemma3TextConfig(
-            **_COMMON,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=4,
-            head_dim=16,
-            query_pre_attn_scalar=24,  # != head_dim: the scale is 24 ** -0.5, not 16 ** -0.5
-            sliding_window=GEMMA3_SLIDING_WINDOW,
-            layer_types=[
-                "sliding_attention",
-                "full_attention",
-                "sliding_attention",
-                "full_attention",
-            ],
-            rope_parameters={
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-            },
-            tie_word_embeddings=True,
-        )
-    raise ValueError(f"unknown test arch {arch!r}; expected one of {ARCHS}")
 
 
 _MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.server.conftest import start_server, stop_server
+from tiny_configs import BYTE_QWEN3
 
 MODEL_ID = "tiny-qwen3"  # the name start_server serves
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
-VOCAB_SIZE = 320  # 256 bytes + 7 added tokens, padded
-EOS_ID = 256 + SPECIALS.index("<|im_end|>")
+EOS_ID = BYTE_QWEN3["eos_token_id"]  # <|im_end|>: the 256 bytes, then SPECIALS
 CHAT_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}"
     "{% endfor %}</tools>\nCall a tool as <tool_call>{json}</tool_call>.<|im_end|>\n{% endif %}"
@@ -51,18 +51,7 @@ def write_byte_model(path: Path, markers_special: bool = False) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=EOS_ID,
-    )
+    config = Qwen3Config(**BYTE_QWEN3)
     Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID}))
     byte_tokenizer(markers_special).save_pretrained(path)

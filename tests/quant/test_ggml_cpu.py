@@ -12,11 +12,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from axon.kernels import abi, build, ggml_cpu
+import c_builds
+from axon.kernels import abi, ggml_cpu
 from axon.kernels.ggml_dequant import dequantize_rows_ref
 from axon.kernels.ggml_int4 import INT4_TYPES, int4_matmul, repack_int4
 from axon.layers.quantized import QuantizedMatmul, QuantizedTensor, matmul_ref
-from c_builds import AVX2, PORTABLE, build_variant
 from quant.test_dequant import COLS, FAST_PATH_RTOL, ROWS, _raw
 
 pytestmark = pytest.mark.skipif(not ggml_cpu.available(), reason="no C compiler")
@@ -190,16 +190,15 @@ def _has_avx512_vnni() -> bool:
 
 
 @pytest.fixture(scope="module")
-def avx2_library(tmp_path_factory):
+def avx2_library():
     """ggml_cpu.c (which stands alone) built for this CPU without AVX-512."""
-    lib = build_variant(build.SOURCES[0], AVX2, tmp_path_factory, "avx2")
-    return abi.declare(lib, "axon_ggml_matmul")
+    return abi.declare(c_builds.variant("ggml_cpu-avx2"), "axon_ggml_matmul")
 
 
 @pytest.fixture(scope="module")
-def portable_library(tmp_path_factory):
+def portable_library():
     """ggml_cpu.c built for the baseline ISA: its plain C loops (no AVX2)."""
-    return build_variant(build.SOURCES[0], PORTABLE, tmp_path_factory, "portable")
+    return c_builds.variant("ggml_cpu-portable")
 
 
 @pytest.mark.parametrize("variant", ["avx2_library", "portable_library"])

@@ -52,9 +52,8 @@ from quant.kquants import quantize_k
 from quant.test_gguf_qwen3_5 import _GLOBAL_NAMES as _QWEN35_GLOBAL_NAMES
 from quant.test_gguf_qwen3_5 import _LAYER_NAMES as _QWEN35_LAYER_NAMES
 from quant.test_gguf_qwen3_5 import _undo_converter as _undo_qwen35_converter
+from tiny_configs import QWEN3_5_MOE_GGUF, QWEN3_MOE_GGUF
 
-VOCAB_SIZE = 151_936  # Qwen3's (padded)
-QWEN35_VOCAB_SIZE = 248_320  # Qwen3.5's (padded)
 OUTTYPES = ("f32", "q8_0")
 PROMPTS = random_prompts((1, 5, 17, 40), seed=3)
 GREEDY_PROMPTS = random_prompts((1, 17, 33, 5), seed=11)
@@ -63,21 +62,15 @@ MIN_REFERENCE_MARGIN = 1e-3
 ATOL = 1e-4  # fp32 activations on both sides; without a C compiler, bf16 activations
 RTOL = None if ggml_cpu.available() else 0.15  # of the largest logit (the int4 fallback)
 Q4_K = GGMLQuantizationType.Q4_K
+pytestmark = pytest.mark.slow  # converter runs and a real vocabulary
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, qwen3_tokenizer) -> TinyModel:
     tokenizer = qwen3_tokenizer
     config = Qwen3MoeConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
-        num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[],
-        norm_topk_prob=True,  # llama.cpp's qwen3moe always renormalises
-        max_position_embeddings=1024, initializer_range=0.2, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-    )  # fmt: skip
+        **QWEN3_MOE_GGUF, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(99)
     model = Qwen3MoeForCausalLM(config).eval()
@@ -95,20 +88,10 @@ def checkpoint(tmp_path_factory, qwen3_tokenizer) -> TinyModel:
 def qwen35moe_checkpoint(tmp_path_factory, qwen3_5_tokenizer) -> TinyModel:
     tokenizer = qwen3_5_tokenizer
     config = Qwen3_5MoeTextConfig(
-        vocab_size=QWEN35_VOCAB_SIZE, hidden_size=256, num_hidden_layers=2,
-        layer_types=["linear_attention", "full_attention"], num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-        shared_expert_intermediate_size=128, max_position_embeddings=1024,
-        initializer_range=0.2, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        rope_parameters={
-            "rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-            "mrope_section": [1, 1, 0], "mrope_interleaved": True,
-        },
-    )  # fmt: skip
+        **QWEN3_5_MOE_GGUF,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(5)
     model = Qwen3_5MoeForCausalLM(config).eval()

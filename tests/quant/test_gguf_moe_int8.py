@@ -23,7 +23,10 @@ from quant.test_gguf_moe import (  # noqa: F401  (module fixtures)
     gguf_files,
 )
 
-pytestmark = pytest.mark.skipif(not ggml_cpu.available(), reason="no C compiler")
+pytestmark = [
+    pytest.mark.skipif(not ggml_cpu.available(), reason="no C compiler"),
+    pytest.mark.slow,  # engines on a real-vocabulary GGUF
+]
 STEPS = 8
 
 

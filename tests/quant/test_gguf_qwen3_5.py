@@ -54,6 +54,7 @@ MIN_REFERENCE_MARGIN = 1e-3
 ATOL = 1e-4
 RTOL = {"f16": 1e-2, "q8_0": None if ggml_cpu.available() else 0.15}  # of the largest logit
 WEIGHT_RTOL = {"f32": 1e-6, "f16": 1e-3, "q8_0": 1e-2}  # of a tensor's largest value
+pytestmark = pytest.mark.slow  # converter runs and a real vocabulary
 
 
 # ---- the checkpoint and its GGUF files --------------------------------------------------------

@@ -5,23 +5,16 @@ token's output bit-identical whatever the batch around it, and the engine switch
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import platform
-import shutil
-import subprocess
-from pathlib import Path
-
 import gguf
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+import c_builds
 from axon import LLM, SamplingParams
-from axon.cache_dir import cache_dir
 from axon.config import EngineConfig
-from axon.kernels import abi, build, ggml_cpu, ggml_q8
+from axon.kernels import abi, ggml_cpu, ggml_q8
 from axon.server.schemas.node_protocol import ModelSpec
 from model.tiny_models import random_prompts
 from quant.gguf_files import build_gguf_model, write_gguf
@@ -231,33 +224,13 @@ def test_packed_panels_are_the_same_bits_as_the_blocks(qtype, rows):
     assert torch.equal(fused.matmul(x[:1]), got[:1])
 
 
-def _build_variant(flags: tuple[str, ...]) -> ctypes.CDLL:
-    """ggml_q8.c alone, built with `flags` (cached by source and flags)."""
-    source = Path(ggml_q8.__file__).with_suffix(".c")
-    texts = [path.read_bytes() for path in (source, *build.HEADERS)]
-    key = hashlib.sha256(b"".join(texts) + " ".join(flags).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"ggml_q8-test-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{key}.tmp")
-        cmd = ["gcc", "-O3", *flags, "-fopenmp", "-fPIC", "-shared", str(source), "-o", str(tmp)]
-        subprocess.run([*cmd, "-lm"], check=True, capture_output=True)
-        tmp.replace(target)
-    lib = ctypes.CDLL(str(target))
-    return abi.declare(lib, "axon_q8_matmul_parts")
-
-
-VARIANTS = {  # the library's own build is -march=native (VNNI where the CPU has it)
-    "avx2": ("-march=native", "-mno-avx512vnni"),
-    "portable": ("-march=x86-64",),  # no AVX2: the scalar loops
-}
-
-
 @pytest.fixture(scope="module")
 def variant_libs():
-    if platform.machine() != "x86_64" or shutil.which("gcc") is None:
-        pytest.skip("the variant builds are x86-64 gcc flags")
-    return {name: _build_variant(flags) for name, flags in VARIANTS.items()}
+    """ggml_q8.c alone, built for AVX2 tiles and for the baseline ISA's loops."""
+    return {
+        name: abi.declare(c_builds.variant(f"ggml_q8-{name}"), "axon_q8_matmul_parts")
+        for name in ("avx2", "portable")
+    }
 
 
 @pytest.mark.slow

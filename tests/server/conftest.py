@@ -21,13 +21,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tiny_configs import SERVE_MAX_MODEL_LEN as MAX_MODEL_LEN
+from tiny_configs import SERVE_QWEN3
+from tiny_configs import SERVE_VOCAB_SIZE as VOCAB_SIZE
+
 MODEL_ID = "tiny-qwen3"
-MAX_MODEL_LEN = 2048  # room for streams long enough to still run when the test looks
 MAX_NUM_SEQS = 2
 MAX_WAITING_REQUESTS = 1  # so the 4th concurrent request is refused
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 WORDS = ("<unk>", "system", "user", "assistant", "hello", "world", "tell", "me", "a", "story")
-VOCAB_SIZE = 256
 GENERATION_CONFIG = {"bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0, "top_k": 50}
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -69,21 +71,7 @@ def write_tiny_qwen3(path: Path) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=MAX_MODEL_LEN,
-        initializer_range=0.2,
-        tie_word_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    config = Qwen3Config(**SERVE_QWEN3)
     Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
     (path / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG))
     write_tokenizer(path)

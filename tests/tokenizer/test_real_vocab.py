@@ -14,6 +14,7 @@ import pytest
 
 from llama_cpp_sdist import CACHE, cache_lock
 
+pytestmark = pytest.mark.slow  # a fresh machine reads 15 vocab GGUFs into transformers
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
 # Vocab GGUFs transformers converts, and the vector inputs where its conversion differs from the

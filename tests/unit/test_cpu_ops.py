@@ -6,16 +6,14 @@ causal triangle and the window, GQA groups on and off the kernel's rows)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
+import c_builds
 from axon.kernels import abi, cpu_ops
 from axon.layers.attention import attend_ref
 from axon.layers.norm import rms_norm_ref
 from axon.layers.rotary import RotaryEmbedding
-from c_builds import AVX2, PORTABLE, build_variant
 
 pytestmark = pytest.mark.skipif(not cpu_ops.usable(torch.zeros(1)), reason="no C compiler")
 RTOL = 1e-5
@@ -268,13 +266,10 @@ def test_cache_write_rounds_into_a_float16_cache_as_torch_does():
 
 
 @pytest.fixture(scope="module", params=["avx2", "portable"])
-def other_build(request, tmp_path_factory):
+def other_build(request):
     """cpu_ops.c (which stands alone) built without AVX-512 (eight-lane vectors, the smaller
     tiles) and for the baseline ISA."""
-    flags = AVX2 if request.param == "avx2" else PORTABLE
-    source = Path(cpu_ops.__file__).with_name("cpu_ops.c")
-    lib = build_variant(source, flags, tmp_path_factory, request.param)
-    return abi.declare(lib, "axon_paged_prefill_attention")
+    return abi.declare(c_builds.variant(f"cpu_ops-{request.param}"), "axon_paged_prefill_attention")
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,chunks", PREFILL_SHAPES[:3])
