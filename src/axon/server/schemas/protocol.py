@@ -35,6 +35,7 @@ from axon.server.schemas.request_checks import (
     check_tool_choice,
     check_tools,
     non_finite_path,
+    text_format_as_response_format,
 )
 
 logger = logging.getLogger(__name__)
@@ -236,6 +237,16 @@ class CompletionRequest(SamplingRequest):
 # ---- responses ------------------------------------------------------------------------------
 
 
+class ResponseText(OpenAIModel):
+    """`text`: the output's format. `verbosity` other than OpenAI's default `medium` is a 400:
+    no local model takes it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None
+
+
 class ResponsesRequest(SamplingRequest):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -245,13 +256,23 @@ class ResponsesRequest(SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    text: ResponseText | None = None
 
-    free_form = ("input", "tools", "tool_choice", "chat_template_kwargs")
+    free_form = ("input", "tools", "tool_choice", "chat_template_kwargs", "text")
 
     def check_shapes(self) -> None:
         super().check_shapes()
         check_tools(self.tools, flat=True)
         check_tool_choice(self.tool_choice)
+        self.response_format()
+        if self.text is not None and self.text.verbosity not in (None, "medium"):
+            message = "text.verbosity is not supported (only 'medium', the default)"
+            raise BadRequest(message, param="text.verbosity")
+
+    def response_format(self) -> dict | None:
+        """`text.format` as chat's `response_format` (None: free text); raises BadRequest."""
+        text_format = self.text.format if self.text is not None else None
+        return text_format_as_response_format(text_format)
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         return self.max_output_tokens, "max_output_tokens"
