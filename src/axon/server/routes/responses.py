@@ -202,7 +202,7 @@ class _ResponseContext:
             "tool_choice": self.body.tool_choice or "auto",
             "tools": self.body.tools or [],
             "text": {"format": self.text_format()},
-            "metadata": {},
+            "metadata": self.body.metadata or {},
         }
 
     def text_format(self) -> dict:
