@@ -244,6 +244,13 @@ def test_completions_fields(http):
     assert reply["choices"][0]["logprobs"]["tokens"]
 
 
+def test_stream_options_continuous_usage_stats_is_refused(http):
+    reply = post(http, "chat", stream=True, stream_options={"continuous_usage_stats": True})
+    assert reply.json()["error"]["param"] == "stream_options.continuous_usage_stats"
+    options = {"include_usage": False, "include_obfuscation": True}
+    assert post(http, "chat", stream=True, stream_options=options).status_code == 200
+
+
 def test_stream_options_include_usage(http):
     body = minimal("chat", stream=True, stream_options={"include_usage": True})
     with http.stream("POST", PATHS["chat"], json=body) as reply:

@@ -98,6 +98,9 @@ class OpenAIModel(BaseModel):
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
+    # OpenAI's padding of stream events against a length side channel: nothing to hide locally.
+    include_obfuscation: bool = False
+    continuous_usage_stats: bool = False  # vLLM's; refused (check_shapes)
 
 
 class SamplingRequest(OpenAIModel):
@@ -146,6 +149,9 @@ class SamplingRequest(OpenAIModel):
 
     def check_shapes(self) -> None:
         """Raises BadRequest for a field of the wrong shape or size (see request_checks)."""
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
+            param = "stream_options.continuous_usage_stats"
+            raise BadRequest(f"{param} is not supported", param=param, code="unsupported_field")
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:
             message = f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
             raise BadRequest(message, param="stop")
