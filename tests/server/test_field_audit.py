@@ -5,8 +5,9 @@ naming it, never accepted and dropped.
 The field lists come from the installed official clients' request types, so a client upgrade
 that adds a field fails `test_every_client_field_is_classified` until the field is decided.
 Honoured fields are checked end to end where one or two tokens show the effect (a word-level
-tiny model: token 50 is the word `w50`), through the built SamplingParams where the sampler's
-own tests cover the effect, or by the test named in HONOURED_ELSEWHERE.
+tiny model: token 50 is the word `w50`, decoded with a leading space), through the built
+SamplingParams where the sampler's own tests cover the effect, or by the test named in
+HONOURED_ELSEWHERE.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ FORCE_W50 = {"50": 100}  # logit_bias that makes every sampled token `w50`
 EOS_ID, IM_START_ID = 2, 1
 
 # Taken, no effect by design (unsupported.py's docstring says why).
-NO_EFFECT = {"user", "safety_identifier", "prompt_cache_key"}
+NO_EFFECT = unsupported.NO_EFFECT
 # Honoured, its effect tested elsewhere.
 HONOURED_ELSEWHERE = {
     "tools": "tests/parsers/test_structured_output.py::test_forced_tool_call",
@@ -287,3 +288,13 @@ def test_every_sampling_field_reaches_the_sampling_params():
     for name, value in SAMPLING_VALUES.items():
         params = build_sampling_params(ChatCompletionRequest(**base, **{name: value}), 4, 64)
         assert params != plain, f"{name} has no effect on the SamplingParams"
+
+
+def test_a_name_no_schema_knows_is_logged_once(caplog):
+    raw = {"model": MODEL_ID, "max_tokenz": 3}
+    with caplog.at_level("WARNING", logger=unsupported.__name__):
+        ChatCompletionRequest.model_validate({**raw, "messages": MESSAGES})
+        ChatCompletionRequest.model_validate({**raw, "messages": MESSAGES})
+    assert [r.getMessage() for r in caplog.records].count(
+        "request field 'max_tokenz' is not known to this server: ignored"
+    ) == 1

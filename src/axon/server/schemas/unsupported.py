@@ -11,9 +11,15 @@ Fields axon takes and deliberately leaves without effect, because they ask nothi
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from axon.server.errors import BadRequest
+
+logger = logging.getLogger(__name__)
+NO_EFFECT = frozenset({"user", "safety_identifier", "prompt_cache_key"})
+_MAX_LOGGED_NAMES = 1024  # a client inventing names must not grow the set without bound
+_logged_names: set[str] = set()
 
 _NOT_STORED = "this server stores nothing"
 _NO_REASONING_EFFORT = "reasoning effort is not supported; use chat_template_kwargs"
@@ -102,6 +108,7 @@ def refuse_unsupported(raw: Any, table: dict, declared) -> None:
     lists, is not `declared` by the request model, and is set to a value that does not pass."""
     if not isinstance(raw, dict):
         return
+    _log_unknown(raw, table, declared)
     for name, value in raw.items():
         entry = table.get(name)
         if entry is None or name in declared or value is None:
@@ -109,3 +116,13 @@ def refuse_unsupported(raw: Any, table: dict, declared) -> None:
         passing, reason = entry
         if not any(value == ok and type(value) is type(ok) for ok in passing):
             raise BadRequest(f"{name}: {reason}", param=name, code="unsupported_field")
+
+
+def _log_unknown(raw: dict, table: dict, declared) -> None:
+    """Names no schema knows are ignored (clients send their own extras); each is logged once,
+    so that a misspelt field shows in the server's log."""
+    unknown = [n for n in raw if n not in declared and n not in table and n not in NO_EFFECT]
+    for name in unknown:
+        if name not in _logged_names and len(_logged_names) < _MAX_LOGGED_NAMES:
+            _logged_names.add(name)
+            logger.warning("request field %r is not known to this server: ignored", name)
