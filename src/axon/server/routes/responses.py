@@ -128,6 +128,7 @@ def _as_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         tool_choice=body.tool_choice,
         parallel_tool_calls=body.parallel_tool_calls,
         chat_template_kwargs=body.chat_template_kwargs,
+        response_format=body.response_format(),
         add_generation_prompt=True,
     )
 
@@ -200,8 +201,13 @@ class _ResponseContext:
             "parallel_tool_calls": self.plan.parallel_tool_calls,
             "tool_choice": self.body.tool_choice or "auto",
             "tools": self.body.tools or [],
-            "metadata": {},
+            "text": {"format": self.text_format()},
+            "metadata": self.body.metadata or {},
         }
+
+    def text_format(self) -> dict:
+        text = self.body.text
+        return text.format if text is not None and text.format else {"type": "text"}
 
     def final(self, state) -> dict:
         sample = state.samples[0]
@@ -337,4 +343,13 @@ async def create_response(request: Request):
 def _prepare(model, body: ResponsesRequest) -> PreparedChat:
     """The prompt text and ids, output plan, sampling params and images: request-sized work,
     off the loop."""
-    return prepare_chat(model, _as_chat_request(body), {}, sampling=body, prompt_field="input")
+    try:
+        return prepare_chat(model, _as_chat_request(body), {}, sampling=body, prompt_field="input")
+    except BadRequest as exc:
+        # The chat pipeline names chat's field; this request spelled it text.format.
+        if not (exc.param or "").startswith("response_format"):
+            raise
+        exc.param = exc.param.replace("response_format", "text.format", 1)
+        exc.message = exc.message.replace("response_format", "text.format")
+        exc.args = (exc.message,)
+        raise

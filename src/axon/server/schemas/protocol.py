@@ -4,7 +4,8 @@ response bodies.
 Requests are validated in pydantic's strict mode from the raw JSON, so a wrong type (`"n": "2"`,
 `"temperature": "hot"`) is a 400 naming the field rather than a silent coercion; a JSON integer
 still passes for a float; NaN and infinities (which Python's JSON reader takes) are refused
-everywhere. Fields no route knows are ignored: OpenAI clients send extras.
+everywhere. OpenAI's and vLLM's fields that a route does not honour are a 400 naming them
+(unsupported.py); fields no schema knows are ignored: clients send their own extras.
 
 Bounds: `n` and `best_of` <= 128 and `top_logprobs` <= 20 (OpenAI's), `seed` in int64 (vLLM's);
 axon's own: at most 16 stop strings of at most 1,000 characters each (OpenAI allows 4), 128
@@ -29,13 +30,17 @@ from pydantic import (
 )
 
 from axon.server.errors import AxonHTTPError, BadRequest
+from axon.server.schemas.logprobs import chat_logprobs as chat_logprobs
+from axon.server.schemas.logprobs import completion_logprobs as completion_logprobs
 from axon.server.schemas.request_checks import (
     check_content_parts,
     check_response_format,
     check_tool_choice,
     check_tools,
     non_finite_path,
+    text_format_as_response_format,
 )
+from axon.server.schemas.unsupported import CHAT, COMPLETIONS, RESPONSES, refuse_unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +98,9 @@ class OpenAIModel(BaseModel):
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
+    # OpenAI's padding of stream events against a length side channel: nothing to hide locally.
+    include_obfuscation: bool = False
+    continuous_usage_stats: bool = False  # vLLM's; refused (check_shapes)
 
 
 class SamplingRequest(OpenAIModel):
@@ -121,6 +129,14 @@ class SamplingRequest(OpenAIModel):
 
     # Fields whose JSON pydantic leaves untyped, so NaN can hide in them.
     free_form: ClassVar[tuple[str, ...]] = ()
+    # OpenAI's and vLLM's fields this route refuses rather than drops (unsupported.py).
+    unsupported: ClassVar[dict] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, raw: Any) -> Any:
+        refuse_unsupported(raw, cls.unsupported, cls.model_fields)
+        return raw
 
     @model_validator(mode="after")
     def _check_free_form(self):
@@ -133,6 +149,9 @@ class SamplingRequest(OpenAIModel):
 
     def check_shapes(self) -> None:
         """Raises BadRequest for a field of the wrong shape or size (see request_checks)."""
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
+            param = "stream_options.continuous_usage_stats"
+            raise BadRequest(f"{param} is not supported", param=param, code="unsupported_field")
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:
             message = f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
             raise BadRequest(message, param="stop")
@@ -186,6 +205,7 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
 
     free_form = ("messages", "tools", "tool_choice", "response_format", "chat_template_kwargs")
+    unsupported = CHAT
 
     def check_shapes(self) -> None:
         super().check_shapes()
@@ -224,6 +244,8 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
     add_special_tokens: bool = True
 
+    unsupported = COMPLETIONS
+
     def requested_n(self) -> int:
         if self.best_of is not None and self.best_of != self.n:
             raise BadRequest("best_of other than n is not supported", param="best_of")
@@ -236,6 +258,16 @@ class CompletionRequest(SamplingRequest):
 # ---- responses ------------------------------------------------------------------------------
 
 
+class ResponseText(OpenAIModel):
+    """`text`: the output's format. `verbosity` other than OpenAI's default `medium` is a 400:
+    no local model takes it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None
+
+
 class ResponsesRequest(SamplingRequest):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -245,13 +277,25 @@ class ResponsesRequest(SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    text: ResponseText | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)  # echoed in the response
 
-    free_form = ("input", "tools", "tool_choice", "chat_template_kwargs")
+    free_form = ("input", "tools", "tool_choice", "chat_template_kwargs", "text")
+    unsupported = RESPONSES
 
     def check_shapes(self) -> None:
         super().check_shapes()
         check_tools(self.tools, flat=True)
         check_tool_choice(self.tool_choice)
+        self.response_format()
+        if self.text is not None and self.text.verbosity not in (None, "medium"):
+            message = "text.verbosity is not supported (only 'medium', the default)"
+            raise BadRequest(message, param="text.verbosity")
+
+    def response_format(self) -> dict | None:
+        """`text.format` as chat's `response_format` (None: free text); raises BadRequest."""
+        text_format = self.text.format if self.text is not None else None
+        return text_format_as_response_format(text_format)
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         return self.max_output_tokens, "max_output_tokens"
@@ -273,66 +317,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     if cached_tokens:
         body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return body
-
-
-def _token_bytes(token: str) -> list[int]:
-    return list(token.encode("utf-8"))
-
-
-def _ranked(entry: dict, limit: int) -> list:
-    """The `limit` best alternatives of one position, best first."""
-    ranked = sorted(entry.items(), key=lambda item: (item[1].rank or 1 << 30, -item[1].logprob))
-    return ranked[:limit]
-
-
-def _token_text(entry: dict, token_id: int, decode) -> str:
-    lp = entry.get(token_id)
-    return lp.decoded_token if lp is not None and lp.decoded_token is not None else decode(token_id)
-
-
-def chat_logprobs(token_ids: list[int], entries: list[dict], top: int, decode) -> dict:
-    """Chat's `logprobs` object for the tokens `token_ids` (their `entries` of token id ->
-    Logprob); `decode(token_id)` names a token the entry does not."""
-    content = []
-    for token_id, entry in zip(token_ids, entries):
-        token = _token_text(entry, token_id, decode)
-        alternatives = []
-        for alt_id, alt in _ranked(entry, top):
-            alt_token = _token_text(entry, alt_id, decode)
-            alternatives.append(
-                {"token": alt_token, "logprob": alt.logprob, "bytes": _token_bytes(alt_token)}
-            )
-        content.append(
-            {
-                "token": token,
-                "logprob": entry[token_id].logprob,
-                "bytes": _token_bytes(token),
-                "top_logprobs": alternatives,
-            }
-        )
-    return {"content": content}
-
-
-def completion_logprobs(
-    token_ids: list[int], entries: list[dict], top: int, decode, text_offset: int = 0
-) -> dict:
-    """The legacy completions `logprobs` object; offsets count from `text_offset`."""
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    for token_id, entry in zip(token_ids, entries):
-        token = _token_text(entry, token_id, decode)
-        tokens.append(token)
-        token_logprobs.append(entry[token_id].logprob)
-        offsets.append(text_offset)
-        text_offset += len(token)
-        top_logprobs.append(
-            {_token_text(entry, alt_id, decode): alt.logprob for alt_id, alt in _ranked(entry, top)}
-        )
-    return {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": top_logprobs,
-        "text_offset": offsets,
-    }
 
 
 def finish_reason(reason: str | None) -> str | None:

@@ -133,6 +133,31 @@ def check_response_format(response_format: dict | None) -> None:
     check_schema(json_schema.get("schema"), "response_format.json_schema.schema")
 
 
+def text_format_as_response_format(text_format: Any, param: str = "text.format") -> dict | None:
+    """/v1/responses' `text.format` (`{"type": "json_schema", "name", "schema", "strict"?,
+    "description"?}`, `json_object` or `text`) as chat's `response_format`, which the engine
+    enforces the same way; raises BadRequest naming the bad part."""
+    if text_format is None:
+        return None
+    if not isinstance(text_format, dict):
+        raise BadRequest(f"{param} must be an object", param=param)
+    kind = text_format.get("type")
+    if kind in ("text", "json_object"):
+        return {"type": kind}
+    if kind != "json_schema":
+        message = f"{param}.type {kind!r} is not one of text, json_object, json_schema"
+        raise BadRequest(message, param=f"{param}.type")
+    name = text_format.get("name", "output")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"{param}.name must be a non-empty string", param=f"{param}.name")
+    strict = text_format.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise BadRequest(f"{param}.strict must be a boolean", param=f"{param}.strict")
+    check_schema(text_format.get("schema"), f"{param}.schema")
+    json_schema = {"name": name, "schema": text_format["schema"], "strict": strict}
+    return {"type": "json_schema", "json_schema": json_schema}
+
+
 def check_content_parts(content: Any, where: str) -> None:
     """Raises BadRequest for a content part of a type this server does not know (text, and
     images, which only a model with a vision tower takes: openai_chat.request_image_parts)."""
