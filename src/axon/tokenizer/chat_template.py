@@ -23,7 +23,11 @@ from typing import Any
 import jinja2
 from jinja2 import nodes
 
-from axon.tokenizer.messages import conversation_shapes, normalize_messages
+from axon.tokenizer.messages import (
+    conversation_shapes,
+    has_string_arguments,
+    normalize_messages,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +278,24 @@ def _refusal(exc: Exception, messages: list[dict], tools: list | None) -> str:
     return f"the model's chat template cannot render this conversation ({shapes}): {exc}"
 
 
+def _apply(tokenizer, conversation: list[dict], tools, template: str, kwargs: dict) -> str:
+    """apply_chat_template's text; raises ChatTemplateRefused for the template's own
+    raise_exception (messages named later), ChatTemplateError for any other failure."""
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation, tools=tools, chat_template=template, tokenize=False, **kwargs
+        )
+    except jinja2.TemplateError as exc:
+        if type(exc) is not jinja2.TemplateError:  # a bug in the template, not its refusal
+            raise ChatTemplateError(_failure(exc)) from exc
+        raise ChatTemplateRefused(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - any template error is the request's fault
+        raise ChatTemplateError(_failure(exc)) from exc
+    if not isinstance(text, str):
+        raise ChatTemplateError("chat template rendered no text")
+    return text
+
+
 def render_chat(
     tokenizer,
     messages: list[dict],
@@ -282,26 +304,28 @@ def render_chat(
     add_generation_prompt: bool = True,
     chat_template: ChatTemplate | None = None,
 ) -> str:
-    """The prompt text for OpenAI-shaped `messages`, rendered by the tokenizer's
-    `apply_chat_template` with `chat_template` (default: the tokenizer's; ChatML, warned once,
-    when there is none). `chat_template_kwargs` reach the template and override the defaults.
-    Raises ChatTemplateError naming the reason when it fails."""
+    """The prompt text for OpenAI-shaped `messages` (normalised: messages.normalize_messages),
+    rendered by the tokenizer's `apply_chat_template` with `chat_template` (default: the
+    tokenizer's; ChatML, warned once, when there is none). `chat_template_kwargs` reach the
+    template and override the defaults. Raises ChatTemplateRefused when the template refuses
+    the conversation's shapes (named), ChatTemplateError naming the reason when it fails."""
     if tokenizer is None:
         raise ChatTemplateError("this model has no tokenizer")
     template = _template_for(tokenizer, chat_template, tools)
     extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_KWARGS}
     kwargs = {"add_generation_prompt": add_generation_prompt, **extra}
-    conversation = normalize_messages(messages, content_format(template))
+    fmt = content_format(template)
     try:
-        text = tokenizer.apply_chat_template(
-            conversation, tools=tools, chat_template=template, tokenize=False, **kwargs
-        )
-    except jinja2.TemplateError as exc:
-        if type(exc) is not jinja2.TemplateError:  # a bug in the template, not its refusal
-            raise ChatTemplateError(_failure(exc)) from exc
+        return _apply(tokenizer, normalize_messages(messages, fmt), tools, template, kwargs)
+    except ChatTemplateRefused as exc:
         raise ChatTemplateRefused(_refusal(exc, messages, tools)) from exc
-    except Exception as exc:  # noqa: BLE001 - any template error is the request's fault
-        raise ChatTemplateError(_failure(exc)) from exc
-    if not isinstance(text, str):
-        raise ChatTemplateError("chat template rendered no text")
-    return text
+    except ChatTemplateError as exc:
+        if not has_string_arguments(messages):
+            raise
+        first = exc
+    # Some templates concatenate a call's arguments as the string the client sent.
+    conversation = normalize_messages(messages, fmt, parse_arguments=False)
+    try:
+        return _apply(tokenizer, conversation, tools, template, kwargs)
+    except ChatTemplateError:
+        raise first from first.__cause__

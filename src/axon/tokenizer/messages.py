@@ -5,15 +5,18 @@ The reference is vLLM's OpenAI server (`parse_chat_messages` and `_postprocess_m
 what real templates are tested with, so every route that renders (chat, Anthropic, Responses,
 `/tokenize`) goes through `normalize_messages` here, once, inside `render_chat`:
 
-- `content` is always present: null becomes "" (templates that take strings) or [] (templates
-  that loop over parts; a `tool` message gets "" there too), so `message.content` never fails.
+- `content` is always present: null becomes "", so `message.content` never fails. (The reference
+  gives [] to templates that loop over parts; "" renders wherever [] does, and also in templates
+  that take `content[0]['text']` of a non-string, like Devstral's.)
 - Content parts: text parts joined with "\\n" for string templates; for part-looping templates
   text parts are `{"type": "text", "text": ...}` and images `{"type": "image", "url": ...}`, except
   a `tool` message made only of text parts, which is joined into a string (most templates render
   tool results as strings).
 - Assistant turns: an empty `tool_calls` list is dropped (the template takes its plain path);
   `function.arguments` given as a JSON string is parsed (templates iterate `arguments|items` or
-  print `arguments|tojson`), a string that is not JSON becomes {} as in the reference; the
+  print `arguments|tojson`), a string that is not JSON becomes {} as in the reference
+  (`parse_arguments=False` keeps the strings: render_chat's second try, for templates that
+  concatenate them, like functionary's); the
   reasoning of an earlier turn is passed as both `reasoning` and `reasoning_content`, whichever
   the client sent (templates read one or the other).
 
@@ -31,25 +34,39 @@ STRING = "string"  # the template concatenates content as text
 OPENAI = "openai"  # the template loops over content parts
 
 
-def normalize_messages(messages: list[dict], fmt: str = STRING) -> list[dict]:
+def normalize_messages(
+    messages: list[dict], fmt: str = STRING, parse_arguments: bool = True
+) -> list[dict]:
     """New message dicts in the shapes templates take (see the module docstring); `fmt` is the
     template's content format (chat_template.content_format). `messages` is not changed."""
-    return [_message(message, fmt) for message in messages]
+    return [_message(message, fmt, parse_arguments) for message in messages]
 
 
-def _message(message: dict, fmt: str) -> dict:
+def has_string_arguments(messages: list[dict]) -> bool:
+    """Whether an assistant turn gives a tool call's arguments as a string (OpenAI's wire form)."""
+    return any(
+        isinstance(call, dict)
+        and isinstance(call.get("function"), dict)
+        and isinstance(call["function"].get("arguments"), str)
+        for message in messages
+        if message.get("role") == "assistant"
+        for call in message.get("tool_calls") or []
+    )
+
+
+def _message(message: dict, fmt: str, parse_arguments: bool) -> dict:
     message = dict(message)
     role = message.get("role")
     message["content"] = _content(message.get("content"), fmt, role)
     if role == "assistant":
-        _assistant_fields(message)
+        _assistant_fields(message, parse_arguments)
     return message
 
 
 def _content(content: Any, fmt: str, role: Any) -> Any:
-    if isinstance(content, str):
-        return content
-    parts = [] if content is None else content
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = content
     if not isinstance(parts, list):
         return content
     texts = [part.get("text") for part in parts if _is_text(part)]
@@ -75,11 +92,11 @@ def _part(part: Any) -> Any:
     return part
 
 
-def _assistant_fields(message: dict) -> None:
+def _assistant_fields(message: dict, parse_arguments: bool) -> None:
     calls = message.get("tool_calls")
     if isinstance(calls, list) and not calls:
         del message["tool_calls"]
-    elif isinstance(calls, list):
+    elif isinstance(calls, list) and parse_arguments:
         message["tool_calls"] = [_tool_call(call) for call in calls]
     reasoning = message.get("reasoning")
     if reasoning is None:
