@@ -22,8 +22,9 @@ def _one(message: dict, fmt: str = "string") -> dict:
     return normalize_messages([message], fmt)[0]
 
 
-@pytest.mark.parametrize(("fmt", "expected"), [("string", ""), ("openai", [])])
-def test_null_or_missing_content_is_present(fmt, expected):
+@pytest.mark.parametrize("fmt", ["string", "openai"])
+def test_null_or_missing_content_is_present(fmt):
+    expected = ""  # the reference's [] for part-looping templates fails Devstral's
     assert _one({"role": "assistant", "content": None}, fmt)["content"] == expected
     assert _one({"role": "assistant", "tool_calls": [CALL]}, fmt)["content"] == expected
     assert _one({"role": "tool", "tool_call_id": "call_1"}, fmt)["content"] == ""
