@@ -16,13 +16,13 @@ what real templates are tested with, so every route that renders (chat, Anthropi
   `function.arguments` given as a JSON string is parsed (templates iterate `arguments|items` or
   print `arguments|tojson`), a string that is not JSON becomes {} as in the reference
   (`parse_arguments=False` keeps the strings: render_chat's second try, for templates that
-  concatenate them, like functionary's); the
-  reasoning of an earlier turn is passed as both `reasoning` and `reasoning_content`, whichever
-  the client sent (templates read one or the other).
+  concatenate them, like functionary's); the reasoning of an earlier turn is passed as both
+  `reasoning` and `reasoning_content`, whichever the client sent (templates read one or the
+  other).
 
 String content stays a string in both formats (the reference wraps it in a text part for
-part-looping templates; every such template in llama.cpp's corpus renders both alike). Other
-fields pass through untouched.
+part-looping templates: in llama.cpp's corpus all of those render both alike but Gemma 4, which
+prints a wrapped system prompt as a list). Other fields pass through untouched.
 """
 
 from __future__ import annotations
