@@ -51,6 +51,7 @@ def _result(number: int, content) -> dict:
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 ASK = {"role": "user", "content": "Weather in Paris?"}
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 LIST_RESULT = [{"type": "text", "text": '{"temp": 21}'}, {"type": "text", "text": "sunny"}]
 SHAPES = {  # name -> (messages as a client sends them, tools)
     "system_first": ([SYSTEM, {"role": "user", "content": "Hi"}], None),
@@ -88,6 +89,12 @@ SHAPES = {  # name -> (messages as a client sends them, tools)
         None,
     ),
     "tools_given": ([SYSTEM, ASK], TOOLS),
+    # Part-looping templates render the image themselves; the others get the text alone (the
+    # chat route refuses images for a model without a vision tower before rendering).
+    "image_parts": (
+        [{"role": "user", "content": [{"type": "text", "text": "What?"}, IMAGE]}],
+        None,
+    ),
 }
 SHAPES["tool_result_parts"][0].append(_result(1, LIST_RESULT))
 SHAPES["arguments_not_json"][0].append(_result(1, "error"))
@@ -103,6 +110,7 @@ REFUSED: dict[str, set[str]] = {
     "meta-llama-Llama-3.1-8B-Instruct": {"several_tool_calls"},
     "meta-llama-Llama-3.2-3B-Instruct": {"several_tool_calls"},
     "meta-llama-Llama-3.3-70B-Instruct": {"several_tool_calls"},
+    "Spark2.5": {"image_parts"},  # a text-only model: text blocks only
 }
 # Shapes a template fails on by a bug of its own under transformers' Jinja (vLLM fails alike):
 # a 422 with the template's error, in both.
@@ -114,11 +122,13 @@ BROKEN: dict[str, set[str]] = {
         "system_first",
         "content_parts",
         "earlier_reasoning",
+        "image_parts",
     },
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": {
         "system_first",
         "content_parts",
         "earlier_reasoning",
+        "image_parts",
     },
     "fireworks-ai-llama-3-firefunction-v2": ALL,  # reads a `functions` variable
     "Kimi-K2-Instruct": TOOL_TURNS,  # list.append: refused by transformers' sandbox
