@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from axon.server.chat_pipeline import chat_prompt
-from axon.server.errors import Unprocessable
+from axon.server.errors import BadRequest
 from axon.server.lifecycle.served_model import ServedModel
 from axon.server.schemas.protocol import ChatCompletionRequest, parse_request
 from axon.tokenizer.chat_template import (
@@ -294,16 +294,18 @@ def test_serve_flag_reaches_the_model_spec(tmp_path):
 # ---- failures and the fallback --------------------------------------------------------------
 
 
-def test_template_raising_is_unprocessable_with_the_reason(template_dir, qwen3_5_tokenizer):
+def test_template_raising_is_a_bad_request_with_the_reason(template_dir, qwen3_5_tokenizer):
     template = (template_dir / "Qwen3.5-4B.jinja").read_text()
     system_image = [
         {"role": "system", "content": [{"type": "image_url", "image_url": {"url": IMAGE}}]},
         {"role": "user", "content": "hi"},
     ]
-    with pytest.raises(Unprocessable) as info:
+    with pytest.raises(BadRequest) as info:
         _axon(qwen3_5_tokenizer, template, system_image)
     assert info.value.code == "template_render_failed"
     assert "System message cannot contain images." in info.value.message
+    assert "a system message, content parts" in info.value.message
+    assert info.value.param == "messages"
 
 
 def test_chat_template_kwargs_cannot_reach_apply_chat_template_options(qwen3_tokenizer):

@@ -6,7 +6,7 @@ Discovery follows transformers: `chat_template.jinja` (with named extras in
 the tokenizer itself carries (a GGUF file's `tokenizer.chat_template`). `--chat-template FILE`
 overrides them all. Rendering goes through the tokenizer's own `apply_chat_template`, so the
 prompt is exactly what transformers renders; what axon adds is the translation of OpenAI's
-message shapes into the ones HF templates expect (see `template_messages`).
+message shapes into the ones HF templates expect (`messages.normalize_messages`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,15 @@ import stat
 import weakref
 from pathlib import Path
 from typing import Any
+
+import jinja2
+from jinja2 import nodes
+
+from axon.tokenizer.messages import (
+    conversation_shapes,
+    has_string_arguments,
+    normalize_messages,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +43,11 @@ class ChatTemplateError(Exception):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+
+class ChatTemplateRefused(ChatTemplateError):
+    """The template itself refuses the conversation (its `raise_exception`): a shape of message
+    this model cannot take at all, which the server answers with a 400 naming the shape."""
 
 
 CHATML_TEMPLATE = (
@@ -211,9 +225,6 @@ def select_template(template: ChatTemplate, tools: list | None = None) -> str:
 def content_format(template: str) -> str:
     """'openai' when the template loops over a message's content (it renders parts itself),
     else 'string' (it concatenates content as text, so parts must be joined first)."""
-    import jinja2
-    from jinja2 import nodes
-
     try:
         ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
     except jinja2.TemplateSyntaxError:
@@ -229,50 +240,6 @@ def content_format(template: str) -> str:
         if isinstance(target, nodes.Name) and target.name == "content":
             return "openai"
     return "string"
-
-
-def _image_part(part: dict) -> dict:
-    image = part.get("image_url")
-    url = image.get("url") if isinstance(image, dict) else image
-    return {"type": "image", "url": url}
-
-
-def _content(content: list, fmt: str) -> str | list:
-    """OpenAI content parts as the template wants them: the text joined ('string' templates; other
-    parts are dropped), or HF's part shapes (`{"type": "image", "url": ...}` for `image_url`)."""
-    if fmt == "string":
-        return "\n".join(str(part.get("text", "")) for part in content if "text" in part)
-    return [_image_part(part) if part.get("type") == "image_url" else part for part in content]
-
-
-def _tool_call(call: Any) -> Any:
-    """A tool call with JSON-string arguments (OpenAI's wire form) parsed into the mapping that HF
-    templates expect (`arguments | items`, `arguments | tojson`); invalid JSON stays a string."""
-    function = call.get("function") if isinstance(call, dict) else None
-    arguments = function.get("arguments") if isinstance(function, dict) else None
-    if not isinstance(arguments, str):
-        return call
-    try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError:
-        return call
-    if not isinstance(parsed, dict):
-        return call
-    return {**call, "function": {**function, "arguments": parsed}}
-
-
-def template_messages(messages: list[dict], fmt: str = "string") -> list[dict]:
-    """Copies of OpenAI-shaped `messages` in the shapes HF templates take: content parts per
-    `fmt` (see `content_format`), tool-call arguments as mappings. Extras pass through."""
-    converted = []
-    for message in messages:
-        message = dict(message)
-        if isinstance(message.get("content"), list):
-            message["content"] = _content(message["content"], fmt)
-        if isinstance(message.get("tool_calls"), list):
-            message["tool_calls"] = [_tool_call(call) for call in message["tool_calls"]]
-        converted.append(message)
-    return converted
 
 
 # ---- rendering ------------------------------------------------------------------------------
@@ -302,6 +269,33 @@ def _template_for(tokenizer, chat_template: ChatTemplate | None, tools: list | N
         raise ChatTemplateError(str(exc)) from None
 
 
+def _failure(exc: Exception) -> str:
+    return f"chat template failed to render: {type(exc).__name__}: {exc}"
+
+
+def _refusal(exc: Exception, messages: list[dict], tools: list | None) -> str:
+    shapes = ", ".join(conversation_shapes(messages, tools)) or "plain turns"
+    return f"the model's chat template cannot render this conversation ({shapes}): {exc}"
+
+
+def _apply(tokenizer, conversation: list[dict], tools, template: str, kwargs: dict) -> str:
+    """apply_chat_template's text; raises ChatTemplateRefused for the template's own
+    raise_exception (messages named later), ChatTemplateError for any other failure."""
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation, tools=tools, chat_template=template, tokenize=False, **kwargs
+        )
+    except jinja2.TemplateError as exc:
+        if type(exc) is not jinja2.TemplateError:  # a bug in the template, not its refusal
+            raise ChatTemplateError(_failure(exc)) from exc
+        raise ChatTemplateRefused(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - any template error is the request's fault
+        raise ChatTemplateError(_failure(exc)) from exc
+    if not isinstance(text, str):
+        raise ChatTemplateError("chat template rendered no text")
+    return text
+
+
 def render_chat(
     tokenizer,
     messages: list[dict],
@@ -310,24 +304,28 @@ def render_chat(
     add_generation_prompt: bool = True,
     chat_template: ChatTemplate | None = None,
 ) -> str:
-    """The prompt text for OpenAI-shaped `messages`, rendered by the tokenizer's
-    `apply_chat_template` with `chat_template` (default: the tokenizer's; ChatML, warned once,
-    when there is none). `chat_template_kwargs` reach the template and override the defaults.
-    Raises ChatTemplateError naming the reason when it fails."""
+    """The prompt text for OpenAI-shaped `messages` (normalised: messages.normalize_messages),
+    rendered by the tokenizer's `apply_chat_template` with `chat_template` (default: the
+    tokenizer's; ChatML, warned once, when there is none). `chat_template_kwargs` reach the
+    template and override the defaults. Raises ChatTemplateRefused when the template refuses
+    the conversation's shapes (named), ChatTemplateError naming the reason when it fails."""
     if tokenizer is None:
         raise ChatTemplateError("this model has no tokenizer")
     template = _template_for(tokenizer, chat_template, tools)
     extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_KWARGS}
     kwargs = {"add_generation_prompt": add_generation_prompt, **extra}
-    conversation = template_messages(messages, content_format(template))
+    fmt = content_format(template)
     try:
-        text = tokenizer.apply_chat_template(
-            conversation, tools=tools, chat_template=template, tokenize=False, **kwargs
-        )
-    except Exception as exc:  # noqa: BLE001 - any template error is the request's fault
-        raise ChatTemplateError(
-            f"chat template failed to render: {type(exc).__name__}: {exc}"
-        ) from exc
-    if not isinstance(text, str):
-        raise ChatTemplateError("chat template rendered no text")
-    return text
+        return _apply(tokenizer, normalize_messages(messages, fmt), tools, template, kwargs)
+    except ChatTemplateRefused as exc:
+        raise ChatTemplateRefused(_refusal(exc, messages, tools)) from exc
+    except ChatTemplateError as exc:
+        if not has_string_arguments(messages):
+            raise
+        first = exc
+    # Some templates concatenate a call's arguments as the string the client sent.
+    conversation = normalize_messages(messages, fmt, parse_arguments=False)
+    try:
+        return _apply(tokenizer, conversation, tools, template, kwargs)
+    except ChatTemplateError:
+        raise first from first.__cause__

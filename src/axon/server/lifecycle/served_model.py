@@ -24,7 +24,12 @@ from axon.server.errors import (
 )
 from axon.server.images import ImageFrontend, media_policy
 from axon.server.lifecycle.frontend import load_frontend, load_generation_defaults
-from axon.tokenizer.chat_template import ChatTemplate, ChatTemplateError, render_chat
+from axon.tokenizer.chat_template import (
+    ChatTemplate,
+    ChatTemplateError,
+    ChatTemplateRefused,
+    render_chat,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +183,8 @@ class ServedModel:
         chat_template_kwargs: dict | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        """The prompt text for `messages`; raises Unprocessable(template_render_failed)."""
+        """The prompt text for `messages`; raises BadRequest when the template refuses the
+        conversation's shape (its own raise_exception), else Unprocessable when it fails."""
         try:
             return render_chat(
                 self.tokenizer,
@@ -188,6 +194,8 @@ class ServedModel:
                 add_generation_prompt,
                 chat_template=self.chat_template,
             )
+        except ChatTemplateRefused as exc:
+            raise BadRequest(exc.message, code=exc.code, param="messages") from exc
         except ChatTemplateError as exc:
             raise Unprocessable(exc.message, code=exc.code) from exc
 

@@ -185,8 +185,8 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
     def template_dict(self) -> dict:
-        """The message with its extras, content parts verbatim: the renderer joins them or hands
-        them to the template, as the template handles them (chat_template.content_format)."""
+        """The message with its extras, content parts verbatim: the renderer normalises it into
+        the shape templates take (tokenizer/messages.py: null content, parts, arguments)."""
         return self.model_dump(exclude_none=True)
 
 

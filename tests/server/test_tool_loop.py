@@ -1,0 +1,86 @@
+"""An agent's two-step tool loop with the `openai` client against `axon serve` on a tiny model
+carrying Qwen3's real chat template (llama.cpp's corpus): a forced call, then the assistant's
+`tool_calls` turn (content null, as every client sends it) and the tool's result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+
+from llama_cpp_sdist import extract_llama_cpp
+from tests.parsers.conftest import MODEL_ID, write_byte_model
+from tests.server.conftest import start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+TEMPLATE = "Qwen-Qwen3-0.6B.jinja"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Rome"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+@pytest.fixture(scope="module")
+def qwen3_template_server(tmp_path_factory: pytest.TempPathFactory):
+    templates = extract_llama_cpp(
+        "models/templates/", lambda rest: rest.endswith(".jinja"), suffix="-templates"
+    )
+    model = write_byte_model(tmp_path_factory.mktemp("tiny_qwen3_real_template"))
+    # chat_template.jinja wins over the tokenizer config's template (transformers' precedence).
+    shutil.copyfile(templates / TEMPLATE, Path(model) / "chat_template.jinja")
+    running = start_server(model)
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture()
+def client(qwen3_template_server):
+    from openai import OpenAI
+
+    url = qwen3_template_server.openai_url
+    with OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def test_tool_loop_second_step_answers(client, qwen3_template_server):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=messages,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+        max_tokens=300,
+        seed=7,
+        extra_body=NO_THINKING,
+    )
+    message = first.choices[0].message
+    (call,) = message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    # What the SDK's users append: the assistant message as returned (content None) + a result.
+    messages.append(message.model_dump(exclude_unset=True, exclude_none=False))
+    assert messages[-1]["content"] is None
+    result = [{"type": "text", "text": '{"temp_c": 21}'}]
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    second = client.chat.completions.create(
+        model=MODEL_ID, messages=messages, tools=[WEATHER], max_tokens=8, seed=7
+    )
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    body = {"model": MODEL_ID, "messages": messages, "tools": [WEATHER]}
+    tokens = httpx.post(qwen3_template_server.base_url + "/tokenize", json=body, timeout=60)
+    assert tokens.status_code == 200, tokens.text
+    assert tokens.json()["count"] == second.usage.prompt_tokens
