@@ -6,7 +6,8 @@ this server would not honour is a 400 naming it, never silently dropped. `cache_
 accepted wherever Anthropic allows it and has nothing to do: the prefix cache reuses every
 repeated prefix on its own.
 
-Translation (neuron's gateway does the same): `system` becomes a system message; `text` and
+Translation (neuron's gateway does the same): `system` becomes a system message, with the text
+of any `role: "system"` message appended to it in order; `text` and
 `image` blocks become chat content parts (an image as an `image_url` part: a `data:` URI for a
 base64 source, the URL for a url source, under the chat path's media policy); `tool_use` blocks
 become the assistant's `tool_calls`, `tool_result` blocks become `tool` messages, `thinking`
@@ -89,7 +90,7 @@ ContentBlock = Annotated[
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: folded into the system prompt
     content: str | list[ContentBlock]
 
 
@@ -232,22 +233,47 @@ def _assistant_message(message: Message, where: str) -> dict:
     return assistant
 
 
-def chat_messages(body: CountTokensRequest) -> list[dict]:
-    """The conversation as chat messages; raises BadRequest for a block in the wrong turn or a
-    final assistant turn (a prefill to continue, which the chat pipeline does not do)."""
-    messages = []
-    if isinstance(body.system, str) and body.system:
-        messages.append({"role": "system", "content": body.system})
-    elif body.system:
-        messages.append({"role": "system", "content": _user_content(list(map(_part, body.system)))})
+def _system_parts(body: CountTokensRequest) -> list[dict]:
+    """The system prompt's text parts: the top-level `system`, then the text of every
+    `role: "system"` message in order (OpenAI-style clients put it there; Anthropic's API has
+    no such role, so it is folded in rather than refused)."""
+    if isinstance(body.system, str):
+        parts = [{"type": "text", "text": body.system}] if body.system else []
+    else:
+        parts = [_part(block) for block in body.system or []]
     for index, message in enumerate(body.messages):
+        if message.role != "system":
+            continue
+        if isinstance(message.content, str):
+            parts += [{"type": "text", "text": message.content}] if message.content else []
+            continue
+        for number, block in enumerate(message.content):
+            if not isinstance(block, TextBlock):
+                param = f"messages[{index}].content[{number}].type"
+                raise BadRequest(f"{param}: a system message holds text blocks only", param=param)
+            parts.append(_part(block))
+    return parts
+
+
+def chat_messages(body: CountTokensRequest) -> list[dict]:
+    """The conversation as chat messages, system messages folded into one system prompt;
+    raises BadRequest for a block in the wrong turn, no user or assistant turn, or a final
+    assistant turn (a prefill to continue, which the chat pipeline does not do)."""
+    system = _system_parts(body)
+    messages = [{"role": "system", "content": _user_content(system)}] if system else []
+    turns = [(i, message) for i, message in enumerate(body.messages) if message.role != "system"]
+    if not turns:
+        message = "messages: a user turn is required besides system messages"
+        raise BadRequest(message, param="messages")
+    for index, message in turns:
         where = f"messages[{index}]"
         if message.role == "user":
             messages.extend(_user_messages(message, where))
         else:
             messages.append(_assistant_message(message, where))
-    if body.messages[-1].role == "assistant":
-        where = f"messages[{len(body.messages) - 1}]"
+    last, final = turns[-1]
+    if final.role == "assistant":
+        where = f"messages[{last}]"
         message = (
             f"{where}: a final assistant turn (prefill) is not supported; end with a user turn"
         )
