@@ -182,7 +182,7 @@ class _MessageContext:
             "id": self.id,
             "type": "message",
             "role": "assistant",
-            "model": self.model.id,
+            "model": self.body.model,  # the name the client sent: an alias stays one
             "content": content,
             "stop_reason": stop[0],
             "stop_sequence": stop[1],
