@@ -171,3 +171,35 @@ def test_node_routes_resolve_aliases(alias_http, tiny_chat_model):
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "served_model_name"
     assert f"{GPT!r} is an alias of {MODEL_ID!r}" in refused.json()["error"]["message"]
+
+
+# ---- the registry's one resolver ---------------------------------------------------------------
+
+
+def test_the_registry_resolves_aliases_for_every_look_up():
+    import asyncio
+
+    from axon.server.errors import ModelNotFound
+
+    from .test_node_api import Harness
+
+    async def scenario():
+        harness = Harness(model_aliases={CLAUDE: "m"})
+        registry = harness.registry
+        async with harness.client() as http:
+            body = {"model_id": "org/model", "served_model_name": "m"}
+            assert (await http.post("/models/load", json=body)).status_code == 200
+            assert registry.get(CLAUDE) is registry.get("m") and CLAUDE in registry
+            assert registry.status(CLAUDE) == "loaded" and registry.resolve("other") == "other"
+            cards = (await http.get("/v1/models")).json()["data"]
+            assert [(card["id"], card.get("parent")) for card in cards] == [
+                ("m", None),
+                (CLAUDE, "m"),
+            ]
+            unloaded = await http.post("/models/unload", json={"model_id": CLAUDE})
+            assert unloaded.status_code == 200 and "m" not in registry
+            with pytest.raises(ModelNotFound, match=f"'m' \\(as '{CLAUDE}'\\) is not loaded"):
+                registry.get(CLAUDE)
+            assert (await http.get("/v1/models")).json()["data"] == []  # no alias of nothing
+
+    asyncio.run(scenario())
