@@ -21,6 +21,11 @@ HELLO = [{"role": "user", "content": "hello world"}]
 THINK = {"type": "enabled", "budget_tokens": 16}
 KEEP_ALL = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
 BETA = ["context-management-2025-06-27"]
+CLEAR_TOOL_USES = {
+    "type": "clear_tool_uses_20250919",
+    "trigger": {"type": "input_tokens", "value": 30000},
+    "keep": {"type": "tool_uses", "value": 3},
+}
 
 
 @pytest.fixture()
@@ -114,7 +119,7 @@ def test_context_management_in_the_stream(byte_server):  # noqa: F811
 @pytest.mark.parametrize(
     ("context_management", "thinking", "param"),
     [
-        ({"edits": [{"type": "clear_tool_uses_20250919"}]}, THINK, "edits[0].type"),
+        ({"edits": [CLEAR_TOOL_USES]}, THINK, "edits[0].type: Value error, 'clear_tool_uses"),
         (KEEP_ALL, None, "edits[0].type"),  # clearing thinking needs thinking (Anthropic's rule)
         ({"edits": [{"type": "clear_thinking_20251015", "keep": 2}]}, THINK, "edits[0].keep"),
         ({"edits": [], "clear": True}, THINK, "context_management.clear"),
