@@ -48,29 +48,39 @@ def _optional(module: str, attribute: str):
     return getattr(importlib.import_module(module), attribute, None)
 
 
-def model_card(model) -> dict:
+def model_card(model, name: str | None = None) -> dict:
     """OpenAI's model object with vLLM's `root`: the repo id of a hub model, else the served id
-    (as vLLM does without a repo id); never a local path, which would map the server's disk."""
+    (as vLLM does without a repo id); never a local path, which would map the server's disk.
+    Under an alias `name`, the card is the alias's, its `parent` the served id."""
     model_id = getattr(getattr(model, "spec", None), "model_id", None)
-    return {
-        "id": model.id,
+    card = {
+        "id": name or model.id,
         "object": "model",
         "created": model.created,
         "owned_by": "axon",
         "root": model_id if model_id and is_repo_id(model_id) else model.id,
         "max_model_len": model.max_model_len,
     }
+    if name is not None and name != model.id:
+        card["parent"] = model.id
+    return card
 
 
 @models_router.get("/v1/models")
 async def list_models(request: Request) -> dict:
-    models = request.app.state.axon.registry.list_models()
-    return {"object": "list", "data": [model_card(model) for model in models]}
+    """The loaded models, each followed by its aliases (vLLM lists every served name)."""
+    registry = request.app.state.axon.registry
+    cards = []
+    for model in registry.list_models():
+        cards.append(model_card(model))
+        names = [alias for alias, target in registry.aliases.items() if target == model.id]
+        cards += [model_card(model, alias) for alias in names]
+    return {"object": "list", "data": cards}
 
 
 @models_router.get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request, model_id: str) -> dict:
-    return model_card(served_model(request, model_id))
+    return model_card(served_model(request, model_id), model_id)
 
 
 def _envelope(status: int, message: str, error_type: str, code, param=None, headers=None):

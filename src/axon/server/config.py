@@ -72,6 +72,10 @@ class ServerConfig:
     allow_private_media_addresses: bool = False
     max_image_bytes: int = 20 << 20
     media_fetch_timeout_s: float = 10.0
+    # Other names a served model answers to (`[model_aliases]`, alias -> served id), for clients
+    # that insist on their own model name (Claude Code sends "claude-sonnet-4-5"); checked
+    # against the startup models by check_model_aliases.
+    model_aliases: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -95,10 +99,25 @@ class ServerConfig:
             "must be an absolute path",
         )
         check(all(self.allowed_media_domains), "allowed_media_domains", "must not hold ''")
+        aliases = self.model_aliases.items()
+        check(all(a and t for a, t in aliases), "model_aliases", "must not hold ''")
 
     def engine_args(self, spec: ModelSpec) -> dict[str, Any]:
         """The engine arguments for `spec`: the server's defaults, overridden by the spec's own."""
         return {**self.engine.engine_args(), **spec.engine_args()}
+
+    def check_model_aliases(self) -> None:
+        """Raises ValueError naming an alias that names no startup model (`default_models`),
+        or that is itself a model's id (which of the two a request meant would be a guess)."""
+        served = sorted(spec.served_id for spec in self.default_models)
+        for alias, target in self.model_aliases.items():
+            if alias in served:
+                raise ValueError(f"config: model alias {alias!r} is a served model's own id")
+            if target not in served:
+                raise ValueError(
+                    f"config: model alias {alias!r} names {target!r}, which is no model served "
+                    f"at startup (served: {served})"
+                )
 
     def with_overrides(self, **overrides: Any) -> ServerConfig:
         """A copy with the given fields replaced; None values are ignored (an unset flag)."""
@@ -179,6 +198,8 @@ def _coerce(name: str, value: Any) -> Any:
         return EngineArgs.model_validate(value)
     if name == "sources":
         return {scheme: _source(scheme, table) for scheme, table in value.items()}
+    if name == "model_aliases":
+        return _aliases(value)
     if name in ("allowed_local_model_paths", "allowed_media_domains"):
         return _strings(name, value)
     if name == "allow_private_media_addresses":
@@ -203,6 +224,15 @@ def _strings(name: str, value: Any) -> tuple[str, ...]:
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
         raise ValueError(f"config: {name} must be a list of strings, got {value!r}")
     return tuple(items)
+
+
+def _aliases(table: Any) -> dict[str, str]:
+    """`[model_aliases]`: a table of alias = "served id" strings."""
+    if not isinstance(table, Mapping) or not all(
+        isinstance(alias, str) and isinstance(target, str) for alias, target in table.items()
+    ):
+        raise ValueError(f"config: model_aliases must map names to served ids, got {table!r}")
+    return dict(table)
 
 
 def _source(scheme: str, table: Any) -> SourceConfig:

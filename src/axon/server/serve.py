@@ -35,7 +35,7 @@ from axon.server.lifecycle.multinode import (
 from axon.server.lifecycle.registry import ActivationTracker, ModelRegistry
 from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
 from axon.server.state import AppState
-from axon.settings import ENGINE, SERVE, SPEC, add_flags, select
+from axon.settings import ENGINE, SERVE, SETTINGS, SPEC, add_flags, select
 from axon.settings import parse_mm_limits as parse_mm_limits  # --limit-mm-per-prompt's grammar
 
 logger = logging.getLogger("axon.serve")
@@ -44,6 +44,7 @@ OPEN_PATHS = ("/health", "/metrics")  # still answered while shutting down
 KEEP_ALIVE_S = 75  # idle keep-alive connections (nginx's default)
 _ENGINE_FLAGS = tuple(EngineArgs.model_fields)
 _MODEL_SETTINGS = select(SERVE, SPEC)  # the flags that go with MODEL: its load spec's settings
+_SERVED_NAME = SETTINGS["served_model_name"]  # a flag of its own: it takes aliases too
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +54,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("-p", "--port", type=int, help="port to bind (default: 8000; 0: any)")
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or AXON_API_KEY)")
-    add_flags(parser, _MODEL_SETTINGS)
+    add_flags(parser, [setting for setting in _MODEL_SETTINGS if setting is not _SERVED_NAME])
+    _add_served_names(parser)
     add_multinode_args(parser)
     parser.add_argument("--shutdown-grace", type=float, help="seconds for in-flight requests")
     parser.add_argument(
@@ -72,6 +74,23 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     )
     group = parser.add_argument_group("engine defaults (every model; a load spec overrides them)")
     add_flags(group, select(SERVE, ENGINE))
+
+
+def _add_served_names(parser: argparse.ArgumentParser) -> None:
+    def name(text: str) -> str:
+        try:
+            return _SERVED_NAME.convert(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        type=name,
+        metavar="NAME",
+        help="the id MODEL is served under (/v1/models shows it); further names are aliases "
+        "requests may use too, as vLLM's (and [model_aliases] in the config file)",
+    )
 
 
 def _add_media_args(parser: argparse.ArgumentParser) -> None:
@@ -101,10 +120,13 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
     chat_template = getattr(ns, "chat_template", None)
     if chat_template is not None and not ns.model:
         raise ValueError("--chat-template applies to MODEL: name the model to load with it")
+    aliases = dict(config.model_aliases)
     if ns.model:
         given = {setting.field: getattr(ns, setting.name) for setting in _MODEL_SETTINGS}
-        first = ModelSpec(model_id=ns.model, **given)
+        names = given.pop(_SERVED_NAME.field) or [None]
+        first = ModelSpec(model_id=ns.model, served_model_name=names[0], **given)
         models = (first, *(spec for spec in models if spec.served_id != first.served_id))
+        aliases.update({alias: first.served_id for alias in names[1:]})
     return config.with_overrides(
         host=ns.host,
         port=ns.port,
@@ -116,6 +138,7 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
         allowed_local_media_path=getattr(ns, "allowed_local_media_path", None),
         engine=engine,
         default_models=models,
+        model_aliases=aliases,
     )
 
 
@@ -157,6 +180,7 @@ def run_serve(ns: argparse.Namespace) -> int:
         multinode_starter(config.default_models[0].served_id, multinode) if multinode else None
     )
     config = with_demo_default(config, ns)
+    config.check_model_aliases()  # before the first engine is spawned
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -257,6 +281,7 @@ async def serve(config: ServerConfig, hard_exit: bool = False, starter=None, ear
     registry's model starter (see `multinode_starter`); `early`: the first startup model's
     engine, already spawned (see early_engine.py).
     """
+    config.check_model_aliases()
     try:
         sock = bind_socket(config.host, config.port)
     except OSError as exc:

@@ -100,6 +100,7 @@ class ModelRegistry:
         self._start = starter or _start_served_model
         self._resolve = resolver or resolve_model
         self._entries: dict[str, _Entry] = {}
+        self.aliases: dict[str, str] = dict(config.model_aliases)  # alias -> served id
         self.closed = False  # set by unload_all: no more loads or new requests
 
     # ---- load / unload ----------------------------------------------------------------------
@@ -115,6 +116,12 @@ class ModelRegistry:
         if self.closed:
             raise ModelUnavailable("the server is shutting down")
         model_id = spec.served_id
+        if model_id in self.aliases:
+            raise BadRequest(
+                f"model id {model_id!r} is an alias of {self.aliases[model_id]!r}: serve the "
+                "model under another id",
+                param="served_model_name",
+            )
         existing = self._entries.get(model_id)
         if existing is not None:
             raise BadRequest(f"model {model_id!r} is already {existing.status}", param="model_id")
@@ -180,10 +187,11 @@ class ModelRegistry:
             del self._entries[model_id]
 
     async def unload(self, model_id: str, grace_s: float | None = None) -> None:
-        """Stops admitting requests to the model, gives its in-flight ones up to `grace_s`
-        (default: the config's shutdown grace), then stops its engine; a wedged engine is
-        killed. A model still loading or recovering has that cancelled (its half-started
-        engine's process group killed). Raises ModelNotFound."""
+        """Stops admitting requests to the model (`model_id` or an alias of it), gives its
+        in-flight ones up to `grace_s` (default: the config's shutdown grace), then stops its
+        engine; a wedged engine is killed. A model still loading or recovering has that
+        cancelled (its half-started engine's process group killed). Raises ModelNotFound."""
+        model_id = self.resolve(model_id)
         entry = self._entries.get(model_id)
         if entry is None:
             raise ModelNotFound(f"model {model_id!r} is not loaded", param="model_id")
@@ -222,21 +230,29 @@ class ModelRegistry:
 
     # ---- look-up ----------------------------------------------------------------------------
 
+    def resolve(self, name: str) -> str:
+        """The served id `name` stands for: the model an alias names, else `name` itself. Every
+        look-up by a client's model name (OpenAI, Anthropic, node routes) goes through here."""
+        return self.aliases.get(name, name)
+
     def get(self, model_id: str):
-        """The ServedModel serving `model_id`. Raises ModelNotFound, or ModelUnavailable (503,
-        Retry-After) while it loads, recovers or is poisoned, or while the server shuts down."""
+        """The ServedModel serving `model_id` (a served id or an alias). Raises ModelNotFound,
+        or ModelUnavailable (503, Retry-After) while it loads, recovers or is poisoned, or while
+        the server shuts down."""
         if self.closed:
             raise ModelUnavailable("the server is shutting down", headers={"Retry-After": "10"})
-        entry = self._entries.get(model_id)
+        served_id = self.resolve(model_id)
+        entry = self._entries.get(served_id)
+        shown = repr(model_id) if served_id == model_id else f"{served_id!r} (as {model_id!r})"
         if entry is None:
-            raise ModelNotFound(f"model {model_id!r} is not loaded on this node", param="model")
+            raise ModelNotFound(f"model {shown} is not loaded on this node", param="model")
         status = self._status(entry)
         if status == "loaded":
             return entry.model
         if status == "poisoned":
-            self._on_poisoned(model_id, entry.model, "engine fault")
+            self._on_poisoned(served_id, entry.model, "engine fault")
         raise ModelUnavailable(
-            f"model {model_id!r} is {status}; retry shortly", headers={"Retry-After": RETRY_AFTER_S}
+            f"model {shown} is {status}; retry shortly", headers={"Retry-After": RETRY_AFTER_S}
         )
 
     def list_models(self) -> list:
@@ -244,11 +260,11 @@ class ModelRegistry:
         return [e.model for e in self._entries.values() if self._status(e) == "loaded"]
 
     def __contains__(self, model_id: str) -> bool:
-        return model_id in self._entries
+        return self.resolve(model_id) in self._entries
 
     def status(self, model_id: str) -> str | None:
         """The model's status, or None when it is not in the registry."""
-        entry = self._entries.get(model_id)
+        entry = self._entries.get(self.resolve(model_id))
         return None if entry is None else self._status(entry)
 
     @staticmethod

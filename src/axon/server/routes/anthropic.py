@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from axon.server.auth import bearer_token
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
-from axon.server.chat_pipeline import PreparedChat, prepare_chat
+from axon.server.chat_pipeline import PreparedChat, chat_prompt, prepare_chat
 from axon.server.errors import AxonHTTPError, Unauthorized
 from axon.server.generation import (
     ClientDisconnected,
@@ -32,6 +32,7 @@ from axon.server.generation import (
     served_model,
 )
 from axon.server.offload import off_loop
+from axon.server.schemas.anthropic_context import cleared_thinking_turns
 from axon.server.schemas.anthropic_protocol import (
     CountTokensRequest,
     MessagesRequest,
@@ -147,8 +148,9 @@ def content_blocks(message: dict) -> list[dict]:
 class _MessageContext:
     """One request's constants and the builders of its message, stop reason and usage."""
 
-    def __init__(self, body: MessagesRequest, model, plan: ChatOutputPlan, params):
+    def __init__(self, body: MessagesRequest, model, plan: ChatOutputPlan, params, edits=None):
         self.body, self.model, self.plan, self.params = body, model, plan, params
+        self.edits = edits  # context editing's report: None unless the request asked for it
         self.id = random_id("msg_")
         # The context, not the request, bounds this answer (model_context_window_exceeded).
         self.context_bound = params.max_tokens < body.max_tokens
@@ -178,16 +180,17 @@ class _MessageContext:
         }
 
     def message(self, content: list[dict], stop: tuple, usage: dict) -> dict:
-        return {
+        message = {
             "id": self.id,
             "type": "message",
             "role": "assistant",
-            "model": self.model.id,
+            "model": self.body.model,  # the name the client sent: an alias stays one
             "content": content,
             "stop_reason": stop[0],
             "stop_sequence": stop[1],
             "usage": usage,
         }
+        return message if self.edits is None else {**message, "context_management": self.edits}
 
     def response(self, state) -> dict:
         sample = state.samples[0]
@@ -270,7 +273,8 @@ async def _message_stream(generation: Generation, context: _MessageContext):
         state = generation.state
         reason, sequence = context.stop(state.samples[0], blocks.output)
         delta = {"stop_reason": reason, "stop_sequence": sequence}
-        yield event("message_delta", delta=delta, usage=context.usage(state))
+        edits = {} if context.edits is None else {"context_management": context.edits}
+        yield event("message_delta", delta=delta, usage=context.usage(state), **edits)
         yield event("message_stop")
     except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
         body = json.loads(error_response(exc).body)
@@ -282,12 +286,31 @@ async def _message_stream(generation: Generation, context: _MessageContext):
 # ---- routes ---------------------------------------------------------------------------------
 
 
-def _prepare(model, body: MessagesRequest) -> PreparedChat:
+def _prepare(model, body: MessagesRequest) -> tuple[PreparedChat, dict | None]:
     """Chat's preparation (prompt, images, output plan, sampling), max_tokens capped at the
-    request's. Request-sized work: run it off the event loop."""
+    request's, and context editing's report. Request-sized work: run it off the event loop."""
     prepared = prepare_chat(model, to_chat_request(body), {})
     prepared.params.max_tokens = min(prepared.params.max_tokens, body.max_tokens)
-    return prepared
+    return prepared, _applied_edits(model, body)
+
+
+def _applied_edits(model, body: MessagesRequest) -> dict | None:
+    """`context_management.applied_edits` (None when the request has no context_management):
+    the thinking turns cleared and the prompt tokens that saved (the two renderings' lengths,
+    whose images, the same in both, cancel out)."""
+    if body.context_management is None:
+        return None
+    turns = cleared_thinking_turns(body)
+    if not turns:
+        return {"applied_edits": []}
+    kept = len(chat_prompt(model, to_chat_request(body))[1])
+    full = len(chat_prompt(model, to_chat_request(body, clear_thinking=False))[1])
+    edit = {
+        "type": "clear_thinking_20251015",
+        "cleared_thinking_turns": len(turns),
+        "cleared_input_tokens": full - kept,
+    }
+    return {"applied_edits": [edit]}
 
 
 @router.post("/v1/messages")
@@ -295,9 +318,9 @@ async def create_message(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), MessagesRequest)
     model = served_model(request, body.model)
-    prepared = await off_loop(_prepare, model, body)
+    prepared, edits = await off_loop(_prepare, model, body)
     generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))
-    context = _MessageContext(body, model, prepared.plan, prepared.params)
+    context = _MessageContext(body, model, prepared.plan, prepared.params, edits)
     if body.stream:
         return EventStream(_message_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())

@@ -111,6 +111,6 @@ def _response(body: EmbeddingRequest, model, prompts: list[list[int]], vectors) 
     return {
         "object": "list",
         "data": data,
-        "model": model.id,
+        "model": body.model,  # the name the client sent: an alias stays one
         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
     }

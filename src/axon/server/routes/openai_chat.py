@@ -56,7 +56,7 @@ class _ChatContext:
             "id": self.id,
             "object": kind,
             "created": self.created,
-            "model": self.model.id,
+            "model": self.body.model,  # the name the client sent: an alias stays one
             "choices": choices,
             **extra,
         }

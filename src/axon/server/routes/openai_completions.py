@@ -146,7 +146,7 @@ class _CompletionContext:
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
-            "model": self.model.id,
+            "model": self.body.model,  # the name the client sent: an alias stays one
             "choices": choices,
             **extra,
         }

@@ -6,14 +6,16 @@ this server would not honour is a 400 naming it, never silently dropped. `cache_
 accepted wherever Anthropic allows it and has nothing to do: the prefix cache reuses every
 repeated prefix on its own.
 
-Translation (neuron's gateway does the same): `system` becomes a system message; `text` and
+Translation (neuron's gateway does the same): `system` becomes a system message, with the text
+of any `role: "system"` message appended to it in order; `text` and
 `image` blocks become chat content parts (an image as an `image_url` part: a `data:` URI for a
 base64 source, the URL for a url source, under the chat path's media policy); `tool_use` blocks
 become the assistant's `tool_calls`, `tool_result` blocks become `tool` messages, `thinking`
 blocks the assistant's `reasoning_content`; `tools[].input_schema` is the function's
 `parameters`; tool_choice `any` is `required`, `tool` names a function; `thinking` sets the
 template's `enable_thinking` (off unless asked for, as Anthropic's default is no thinking);
-`output_config.format` (a JSON schema) is chat's `response_format`, enforced while decoding.
+`output_config.format` (a JSON schema) is chat's `response_format`, enforced while decoding;
+`context_management` clears old thinking (anthropic_context.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from axon.server.errors import BadRequest
+from axon.server.schemas.anthropic_context import ContextManagement, cleared_thinking_turns
 from axon.server.schemas.protocol import ChatCompletionRequest, StopString, param_of
 
 
@@ -89,7 +92,7 @@ ContentBlock = Annotated[
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: folded into the system prompt
     content: str | list[ContentBlock]
 
 
@@ -130,6 +133,7 @@ class CountTokensRequest(_Strict):
     """`POST /v1/messages/count_tokens`: what the prompt is made of."""
 
     model: str
+    context_management: ContextManagement | None = None
     cache_control: dict[str, Any] | None = None
     output_config: OutputConfig | None = None
     messages: list[Message] = Field(min_length=1)
@@ -207,8 +211,9 @@ def _user_messages(message: Message, where: str) -> list[dict]:
     return messages
 
 
-def _assistant_message(message: Message, where: str) -> dict:
-    """An assistant turn: text joined, tool_use blocks as tool_calls, thinking as reasoning."""
+def _assistant_message(message: Message, where: str, keep_thinking: bool = True) -> dict:
+    """An assistant turn: text joined, tool_use blocks as tool_calls, thinking as reasoning
+    (unless context editing cleared it: `keep_thinking` False)."""
     if isinstance(message.content, str):
         return {"role": "assistant", "content": message.content}
     texts, reasoning, calls = [], [], []
@@ -216,7 +221,7 @@ def _assistant_message(message: Message, where: str) -> dict:
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ThinkingBlock):
-            reasoning.append(block.thinking)
+            reasoning += [block.thinking] if keep_thinking else []
         elif isinstance(block, ToolUseBlock):
             arguments = json.dumps(block.input, ensure_ascii=False)
             function = {"name": block.name, "arguments": arguments}
@@ -232,22 +237,49 @@ def _assistant_message(message: Message, where: str) -> dict:
     return assistant
 
 
-def chat_messages(body: CountTokensRequest) -> list[dict]:
-    """The conversation as chat messages; raises BadRequest for a block in the wrong turn or a
-    final assistant turn (a prefill to continue, which the chat pipeline does not do)."""
-    messages = []
-    if isinstance(body.system, str) and body.system:
-        messages.append({"role": "system", "content": body.system})
-    elif body.system:
-        messages.append({"role": "system", "content": _user_content(list(map(_part, body.system)))})
+def _system_parts(body: CountTokensRequest) -> list[dict]:
+    """The system prompt's text parts: the top-level `system`, then the text of every
+    `role: "system"` message in order (OpenAI-style clients put it there; Anthropic's API has
+    no such role, so it is folded in rather than refused)."""
+    if isinstance(body.system, str):
+        parts = [{"type": "text", "text": body.system}] if body.system else []
+    else:
+        parts = [_part(block) for block in body.system or []]
     for index, message in enumerate(body.messages):
+        if message.role != "system":
+            continue
+        if isinstance(message.content, str):
+            parts += [{"type": "text", "text": message.content}] if message.content else []
+            continue
+        for number, block in enumerate(message.content):
+            if not isinstance(block, TextBlock):
+                param = f"messages[{index}].content[{number}].type"
+                raise BadRequest(f"{param}: a system message holds text blocks only", param=param)
+            parts.append(_part(block))
+    return parts
+
+
+def chat_messages(body: CountTokensRequest, clear_thinking: bool = True) -> list[dict]:
+    """The conversation as chat messages, system messages folded into one system prompt, the
+    thinking that `context_management` clears left out (unless not `clear_thinking`); raises
+    BadRequest for a block in the wrong turn, no user or assistant turn, or a final assistant
+    turn (a prefill to continue, which the chat pipeline does not do)."""
+    cleared = set(cleared_thinking_turns(body)) if clear_thinking else set()
+    system = _system_parts(body)
+    messages = [{"role": "system", "content": _user_content(system)}] if system else []
+    turns = [(i, message) for i, message in enumerate(body.messages) if message.role != "system"]
+    if not turns:
+        message = "messages: a user turn is required besides system messages"
+        raise BadRequest(message, param="messages")
+    for index, message in turns:
         where = f"messages[{index}]"
         if message.role == "user":
             messages.extend(_user_messages(message, where))
         else:
-            messages.append(_assistant_message(message, where))
-    if body.messages[-1].role == "assistant":
-        where = f"messages[{len(body.messages) - 1}]"
+            messages.append(_assistant_message(message, where, index not in cleared))
+    last, final = turns[-1]
+    if final.role == "assistant":
+        where = f"messages[{last}]"
         message = (
             f"{where}: a final assistant turn (prefill) is not supported; end with a user turn"
         )
@@ -282,7 +314,7 @@ def _enable_thinking(body: CountTokensRequest) -> bool:
     return True
 
 
-def _chat_fields(body: CountTokensRequest) -> dict:
+def _chat_fields(body: CountTokensRequest, clear_thinking: bool) -> dict:
     """The chat request's fields (no max_tokens: see to_chat_request)."""
     tools = [
         {
@@ -299,7 +331,7 @@ def _chat_fields(body: CountTokensRequest) -> dict:
     output = body.output_config.format if body.output_config else None
     fields = {
         "model": body.model,
-        "messages": chat_messages(body),
+        "messages": chat_messages(body, clear_thinking),
         "tools": tools or None,
         "tool_choice": _tool_choice(choice),
         "parallel_tool_calls": not (choice and choice.disable_parallel_tool_use),
@@ -321,13 +353,14 @@ def _chat_fields(body: CountTokensRequest) -> dict:
     return fields
 
 
-def to_chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
-    """The chat completions request this Anthropic request means. Its max_tokens is left unset
-    (the room the context leaves); the route caps it at the requested one, so a request whose
-    max_tokens overruns the context stops at the context (Anthropic's
-    `model_context_window_exceeded`) instead of failing. Raises BadRequest."""
+def to_chat_request(body: CountTokensRequest, clear_thinking: bool = True) -> ChatCompletionRequest:
+    """The chat completions request this Anthropic request means (with not `clear_thinking`,
+    as if `context_management` cleared nothing). Its max_tokens is left unset (the room the
+    context leaves); the route caps it at the requested one, so a request whose max_tokens
+    overruns the context stops at the context (Anthropic's `model_context_window_exceeded`)
+    instead of failing. Raises BadRequest."""
     try:
-        return ChatCompletionRequest.model_validate(_chat_fields(body))
+        return ChatCompletionRequest.model_validate(_chat_fields(body, clear_thinking))
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
         param = param_of(error["loc"])
