@@ -188,7 +188,7 @@ class _ResponseContext:
             "object": "response",
             "created_at": self.created,
             "status": status,
-            "model": self.model.id,
+            "model": self.body.model,  # the name the client sent: an alias stays one
             "output": output,
             "usage": usage,
             "error": None,
