@@ -23,6 +23,7 @@ import regex
 
 from axon.tokenizer.parsers.base import (
     TOOL_CALL_END,
+    TOOL_CALL_START,
     Event,
     ToolCallArguments,
     ToolCallParser,
@@ -85,12 +86,14 @@ class HermesToolParser(ToolCallParser):
 
     def _tail(self, final: bool) -> bool:
         """After the arguments: skip to `</tool_call>`."""
-        index, marker = find_marker(self.buffer, (TOOL_CALL_END,))
+        index, marker = find_marker(self.buffer, (TOOL_CALL_END, TOOL_CALL_START))
         if marker is None and not final:
             self.buffer = self.buffer[index:]
             return False
-        # At the end of the output, a `</tool_call>` begun is markup, dropped.
-        self.buffer = "" if marker is None else self.buffer[index + len(marker) :]
+        # A next `<tool_call>` ends this call too (its end tag missing); at the end of the
+        # output a `</tool_call>` begun is markup, dropped.
+        skip = len(marker) if marker == TOOL_CALL_END else 0
+        self.buffer = "" if marker is None else self.buffer[index + skip :]
         self._end_call()
         return True
 

@@ -31,6 +31,7 @@ import regex
 
 from axon.tokenizer.parsers.base import (
     TOOL_CALL_END,
+    TOOL_CALL_START,
     Event,
     ToolCallArguments,
     ToolCallParser,
@@ -43,8 +44,9 @@ from axon.tokenizer.parsers.repair import repair_json
 _FUNCTION = regex.compile(r"\s*<function=([^>\n]{1,256})>")
 # The lookahead makes a match at the very end of the text partial: a newline may follow.
 _PARAMETER = regex.compile(r"\s*<parameter=([^>\n]{1,256})>(?:\n|(?=[^\n]))")
-_CLOSERS = regex.compile(r"\s*(</function>|</tool_call>)")
-_VALUE_ENDS = ("</parameter>", "</function>", TOOL_CALL_END, "<parameter=")
+# A next `<tool_call>` (looked at, not consumed) ends a call whose end tags are missing.
+_CLOSERS = regex.compile(r"\s*(</function>|</tool_call>|(?=<tool_call>))")
+_VALUE_ENDS = ("</parameter>", "</function>", TOOL_CALL_END, "<parameter=", TOOL_CALL_START)
 _FUNCTION_PHASE, _PARAMETERS, _VALUE, _TAIL = "function", "parameters", "value", "tail"
 
 
@@ -180,7 +182,7 @@ class Qwen3CoderToolParser(ToolCallParser):
             if pattern is _PARAMETER:
                 self._open_value(match.group(1).strip(), events)
             else:
-                self._close_arguments(events, match.group(1) == TOOL_CALL_END)
+                self._close_arguments(events, match.group(1) != "</function>")
             return True
         if final or not self.buffer.strip():
             self.buffer = "" if final else self.buffer
@@ -246,11 +248,13 @@ class Qwen3CoderToolParser(ToolCallParser):
 
     def _tail(self, final: bool) -> bool:
         """After `</function>`: skip to `</tool_call>`."""
-        index, marker = find_marker(self.buffer, (TOOL_CALL_END,))
+        index, marker = find_marker(self.buffer, (TOOL_CALL_END, TOOL_CALL_START))
         if marker is None and not final:
             self.buffer = self.buffer[index:]
             return False
-        # At the end of the output, a `</tool_call>` begun is markup, dropped.
-        self.buffer = "" if marker is None else self.buffer[index + len(marker) :]
+        # A next `<tool_call>` ends this call too (its end tag missing); at the end of the
+        # output a `</tool_call>` begun is markup, dropped.
+        skip = len(marker) if marker == TOOL_CALL_END else 0
+        self.buffer = "" if marker is None else self.buffer[index + skip :]
         self._end_call()
         return True
