@@ -67,3 +67,47 @@ def test_cut_off_call_leaks_no_markup(byte_client, max_tokens):
     else:
         assert [name for name, _ in calls] == ["get_weather"]
     assert streamed(byte_client, max_tokens) == (content, calls, "length")
+
+
+def test_responses_cut_off_call_leaks_no_markup(byte_client):
+    fields = dict(
+        model=MODEL_ID,
+        input="weather?",
+        tools=[{"type": "function", **WEATHER["function"]}],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=8,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    response = byte_client.responses.create(**fields)
+    assert response.status == "incomplete"
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output_text == ""
+    deltas = [
+        event.delta
+        for event in byte_client.responses.create(**fields, stream=True)
+        if event.type == "response.output_text.delta"
+    ]
+    assert "".join(deltas) == ""
+
+
+def test_anthropic_cut_off_call_leaks_no_markup(byte_server):
+    import anthropic
+
+    tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    fields = dict(
+        model=MODEL_ID,
+        max_tokens=8,
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=[tool],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    )
+    with anthropic.Anthropic(base_url=byte_server.base_url, api_key="unused", max_retries=0) as c:
+        message = c.messages.create(**fields)
+        assert message.stop_reason == "max_tokens"
+        assert [(block.type, block.text) for block in message.content] == [("text", "")]
+        with c.messages.stream(**fields) as stream:
+            streamed = stream.get_final_message()
+    assert streamed.stop_reason == "max_tokens"
+    assert [(block.type, block.text) for block in streamed.content] == [("text", "")]
