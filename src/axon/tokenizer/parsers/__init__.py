@@ -115,7 +115,9 @@ class OutputParser:
         events = self.reasoning.finish() if self.reasoning is not None else []
         return self._through_tools(events, final=True, cut_off=cut_off)
 
-    def _through_tools(self, events: list[Event], final: bool, cut_off=False) -> list[Event]:
+    def _through_tools(
+        self, events: list[Event], final: bool, cut_off: bool = False
+    ) -> list[Event]:
         if self.tools is None:
             return coalesce(events)
         out: list[Event] = []

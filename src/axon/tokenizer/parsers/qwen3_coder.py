@@ -194,7 +194,8 @@ class Qwen3CoderToolParser(ToolCallParser):
 
     def _open_value(self, key: str, events: list[Event]) -> None:
         self.kinds = self.types.get(self.name, {}).get(key, ("string",))
-        # A value that can only be a string streams; any other waits to be converted whole.
+        # A value kept as text (its types allow a string, not null) streams as it arrives;
+        # any other waits to be converted whole.
         self.streams = "string" in self.kinds and "null" not in self.kinds
         separator = "{" if self.num_parameters == 0 else ", "
         self.key_prefix = separator + json.dumps(key, ensure_ascii=False) + ": "
@@ -237,7 +238,7 @@ class Qwen3CoderToolParser(ToolCallParser):
         else:
             self.value += text
 
-    def _close_arguments(self, events: list[Event], call_ended: bool, closed=True) -> None:
+    def _close_arguments(self, events: list[Event], call_ended: bool, closed: bool = True) -> None:
         """End the arguments object (left open when `closed` is False: cut off)."""
         if closed:
             events.append(ToolCallArguments(self.index, "}" if self.num_parameters else "{}"))
