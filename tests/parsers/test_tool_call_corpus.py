@@ -14,7 +14,7 @@ from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.tokenizer.parsers import ParserFamily
 
 from .helpers import assert_no_markup
-from .tool_call_cases import HERMES, TOOLS, XML
+from .tool_call_cases import END, HERMES, TOOLS, XML, h, x
 
 
 def plan(tool_format: str) -> ChatOutputPlan:
@@ -88,3 +88,31 @@ def test_hermes_corpus(text, reason, calls, content, finish_reason):
 )
 def test_qwen3_coder_corpus(text, reason, calls, content, finish_reason):
     check("qwen3_coder", text, reason, calls, content, finish_reason)
+
+
+FULL = {
+    "hermes": "Let me check.\n\n"
+    + h('{"name": "get_weather", "arguments": {"city": "Paris"}}')
+    + "\n"
+    + h('{"name": "now", "arguments": {"hours": [1, 2]}}'),
+    "qwen3_coder": "Let me check.\n\n"
+    + x("get_weather", [("city", "Paris")], END)
+    + "\n"
+    + x("get_weather", [("days", "3"), ("hours", "[1]")], END),
+}
+
+
+@pytest.mark.parametrize("tool_format", sorted(FULL))
+def test_a_cut_anywhere_leaks_no_markup(tool_format):
+    """max_tokens may end the output at any character: content is then a prefix of the text
+    before the calls, never a piece of markup, and streaming agrees with the whole answer."""
+    text = FULL[tool_format]
+    for cut in range(len(text) + 1):
+        answer = whole(tool_format, text[:cut], "length")
+        calls, content, finish_reason = answer
+        assert "Let me check.\n\n".startswith(content), (cut, content)
+        assert finish_reason == "length"
+        assert len(calls) <= 2
+        for seed in range(3):
+            pieces = random_pieces(text[:cut], seed)
+            assert streamed(tool_format, pieces, "length") == answer, cut
