@@ -151,11 +151,13 @@ class ChoiceOutput:
         self.in_wrapped_reasoning = False  # x-include-thinking: `<think>` sent, `</think>` not
         self.num_calls = 0
 
-    def deltas(self, text: str, final: bool = False) -> list[dict]:
-        """The chat deltas for the next piece of `text` (and, when `final`, the rest)."""
+    def deltas(self, text: str, final: bool = False, reason: str | None = None) -> list[dict]:
+        """The chat deltas for the next piece of `text` (and, when `final`, the rest; `reason`
+        is then the sample's finish reason: at "length" unfinished tool-call markup is dropped,
+        never content)."""
         events = self.parser.feed(text)
         if final:
-            events += self.parser.finish()
+            events += self.parser.finish(cut_off=reason == "length")
         deltas = [d for event in events for d in self._delta(event)]
         if final and self.in_wrapped_reasoning:
             deltas.append({"content": "\n</think>\n\n"})
@@ -186,10 +188,11 @@ class ChoiceOutput:
             call["function"] = {"arguments": event.fragment}
         return [*deltas, {"tool_calls": [call]}]
 
-    def message(self, text: str) -> dict:
-        """The whole assistant message of a finished sample whose text is `text`."""
+    def message(self, text: str, reason: str | None = None) -> dict:
+        """The whole assistant message of a finished sample whose text is `text` and finish
+        reason `reason`."""
         content, reasoning, calls = "", "", []
-        for delta in self.deltas(text, final=True):
+        for delta in self.deltas(text, final=True, reason=reason):
             content += delta.get("content", "")
             reasoning += delta.get("reasoning_content", "")
             for call in delta.get("tool_calls", []):

@@ -195,7 +195,7 @@ class _MessageContext:
     def response(self, state) -> dict:
         sample = state.samples[0]
         output = ChoiceOutput(self.plan)
-        blocks = content_blocks(output.message(sample.text))
+        blocks = content_blocks(output.message(sample.text, sample.finish_reason))
         return self.message(blocks, self.stop(sample, output), self.usage(state))
 
 
@@ -215,8 +215,8 @@ class _StreamBlocks:
         self.index = -1
         self.open_kind: str | None = None
 
-    def events(self, text: str, final: bool):
-        for delta in self.output.deltas(text, final):
+    def events(self, text: str, final: bool, reason: str | None = None):
+        for delta in self.output.deltas(text, final, reason):
             if delta.get("reasoning_content"):
                 yield from self._write("thinking", thinking=delta["reasoning_content"])
             elif delta.get("content"):
@@ -268,7 +268,8 @@ async def _message_stream(generation: Generation, context: _MessageContext):
         async for state in generation:
             step = cursor.advance(state.samples[0])
             if step is not None:
-                for item in blocks.events(step[0], final=cursor.done):
+                reason = state.samples[0].finish_reason if cursor.done else None
+                for item in blocks.events(step[0], cursor.done, reason):
                     yield item
         state = generation.state
         reason, sequence = context.stop(state.samples[0], blocks.output)

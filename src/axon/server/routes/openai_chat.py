@@ -73,7 +73,7 @@ class _ChatContext:
         choices = []
         for sample in state.samples:
             output = ChoiceOutput(self.plan)
-            message = output.message(sample.text)
+            message = output.message(sample.text, sample.finish_reason)
             choices.append(
                 {
                     "index": sample.index,
@@ -94,7 +94,7 @@ def _sample_chunks(context: _ChatContext, sample, cursor: SampleCursor, output: 
         return
     text, positions = step
     logprobs = context.logprobs(sample, positions)
-    deltas = output.deltas(text, final=cursor.done)
+    deltas = output.deltas(text, cursor.done, sample.finish_reason if cursor.done else None)
     if logprobs and not deltas:
         deltas = [{"content": ""}]
     for number, delta in enumerate(deltas):

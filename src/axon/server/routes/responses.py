@@ -150,7 +150,8 @@ class _ResponseContext:
     def output_items(self, text: str, status: str) -> list[dict]:
         """The output items of the whole `text`: reasoning (if any), the message (unless the
         answer is only tool calls), then one function_call item per call."""
-        message = ChoiceOutput(self.plan).message(text)
+        reason = "length" if status == "incomplete" else None
+        message = ChoiceOutput(self.plan).message(text, reason)
         items = []
         if message.get("reasoning_content"):
             items.append(self.reasoning_item(message["reasoning_content"], "completed"))
@@ -262,8 +263,8 @@ class _StreamItems:
         self.reasoning_open = False
         self.message_index: int | None = None
 
-    def events(self, text: str, final: bool):
-        for delta in self.output.deltas(text, final):
+    def events(self, text: str, final: bool, reason: str | None = None):
+        for delta in self.output.deltas(text, final, reason):
             if "reasoning_content" in delta:
                 yield from self._reasoning(delta["reasoning_content"])
             elif delta.get("content"):
@@ -308,7 +309,8 @@ async def _response_stream(generation: Generation, context: _ResponseContext):
         async for state in generation:
             step = cursor.advance(state.samples[0])
             if step is not None:
-                for event in items.events(step[0], final=cursor.done):
+                reason = state.samples[0].finish_reason if cursor.done else None
+                for event in items.events(step[0], cursor.done, reason):
                     yield event
         for event in _closing_events(context, generation.state, items.message_index):
             yield event

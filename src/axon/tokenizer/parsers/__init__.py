@@ -109,18 +109,22 @@ class OutputParser:
         events = self.reasoning.feed(text) if self.reasoning is not None else [ContentDelta(text)]
         return self._through_tools(events, final=False)
 
-    def finish(self) -> list[Event]:
+    def finish(self, cut_off: bool = False) -> list[Event]:
+        """The events held back, at the end of the output; `cut_off` when max_tokens ended it
+        (a tool call's unfinished markup is then dropped: ToolCallParser.finish)."""
         events = self.reasoning.finish() if self.reasoning is not None else []
-        return self._through_tools(events, final=True)
+        return self._through_tools(events, final=True, cut_off=cut_off)
 
-    def _through_tools(self, events: list[Event], final: bool) -> list[Event]:
+    def _through_tools(
+        self, events: list[Event], final: bool, cut_off: bool = False
+    ) -> list[Event]:
         if self.tools is None:
             return coalesce(events)
         out: list[Event] = []
         for event in events:
             out += self.tools.feed(event.text) if isinstance(event, ContentDelta) else [event]
         if final:
-            out += self.tools.finish()
+            out += self.tools.finish(cut_off)
         return coalesce(out)
 
 

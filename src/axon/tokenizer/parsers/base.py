@@ -5,6 +5,11 @@ Every parser is a deterministic function of the text seen so far: it emits only 
 text can change and holds back the rest (a possible marker prefix, trailing whitespace). So the
 events of a text fed whole, in two pieces or one character at a time concatenate to the same
 reasoning, content and tool calls.
+
+At the end of the output (`finish`) a call still open is either closed, with its JSON repaired
+where that is unambiguous (the model stopped there), or, when the output was cut off by
+`max_tokens`, left as far as it got: a call whose name is out keeps its arguments unclosed,
+and any markup before that is dropped, never returned as content.
 """
 
 from __future__ import annotations
@@ -83,14 +88,17 @@ class ToolCallParser:
         self._pending_space = ""  # trailing whitespace of content: dropped if a call follows
         self._strip_leading = False  # just after a call: its trailing whitespace is dropped
         self._space_before_call = ""  # given back if the call turns out malformed
+        self.cut_off = False  # set by finish: the output ended at max_tokens
 
     def feed(self, text: str) -> list[Event]:
         """Events for `text`, the next piece of content."""
         self.buffer += text
         return self._run(final=False)
 
-    def finish(self) -> list[Event]:
-        """Events for whatever is held back, at the end of the output."""
+    def finish(self, cut_off: bool = False) -> list[Event]:
+        """Events for whatever is held back, at the end of the output; `cut_off` when it
+        ended at max_tokens (unfinished markup is dropped, an open call is left unclosed)."""
+        self.cut_off = cut_off
         events = self._run(final=True)
         if self._pending_space and not self.num_calls:
             events.append(ContentDelta(self._pending_space))
@@ -105,10 +113,10 @@ class ToolCallParser:
                     return events
                 continue
             index, marker = find_marker(self.buffer, (TOOL_CALL_START,))
-            if marker is None and final:
+            if marker is None and final and not self.cut_off:
                 index = len(self.buffer)
             self._content(self.buffer[:index], events)
-            self.buffer = self.buffer[index:]
+            self.buffer = "" if final and marker is None else self.buffer[index:]
             if marker is None:
                 return events
             self.buffer = self.buffer[len(marker) :]
@@ -132,8 +140,12 @@ class ToolCallParser:
         self._strip_leading = True
 
     def _reject_call(self, events: list[Event]) -> None:
-        """The call is malformed: its marker is content after all; its body is parsed again."""
+        """The call is malformed: its marker is content after all; its body is parsed again.
+        Cut off by max_tokens, the unfinished markup and all after it are dropped instead."""
         self.in_call = False
+        if self.cut_off:
+            self.buffer = ""
+            return
         self._pending_space = self._space_before_call
         self._content(TOOL_CALL_START, events)
 

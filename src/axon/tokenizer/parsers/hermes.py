@@ -8,6 +8,11 @@ A call whose JSON opens with `{"name": "…", "arguments":` streams: its start (
 as soon as the name is complete, then the arguments' JSON text as it arrives, verbatim. Any
 other layout is held until `</tool_call>` and parsed whole; if that fails (or the output ends
 first) the markup is returned as content.
+
+The JSON is repaired where only one reading exists (repair.py): trailing commas dropped, the
+brackets left open when `</tool_call>` or the end of the output comes are closed. Cut off by
+max_tokens, a call whose name is out keeps its arguments as far as they got (unclosed, so no
+client mistakes them for whole ones), and one whose name is not out is dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import regex
 
 from axon.tokenizer.parsers.base import (
     TOOL_CALL_END,
+    TOOL_CALL_START,
     Event,
     ToolCallArguments,
     ToolCallParser,
@@ -25,6 +31,7 @@ from axon.tokenizer.parsers.base import (
     find_marker,
     tool_call_id,
 )
+from axon.tokenizer.parsers.repair import JsonScanner, repair_json
 
 _HEADER = regex.compile(
     r'\s*\{\s*"name"\s*:\s*"((?:[^"\\\n]|\\.){1,256})"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)'
@@ -32,42 +39,10 @@ _HEADER = regex.compile(
 _HEADER_PHASE, _ARGUMENTS, _TAIL, _WHOLE = "header", "arguments", "tail", "whole"
 
 
-class _ValueScanner:
-    """Finds where a JSON value inside an object ends: at a `,` or `}` outside strings and
-    nested brackets. Whitespace at the value's end is held back, never emitted."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.in_string = False
-        self.escaped = False
-
-    def scan(self, text: str) -> int | None:
-        """The index in `text` where the value ends, or None if it goes on past `text`."""
-        for index, char in enumerate(text):
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif char == "\\":
-                    self.escaped = True
-                elif char == '"':
-                    self.in_string = False
-            elif char == '"':
-                self.in_string = True
-            elif char in "{[":
-                self.depth += 1
-            elif char in "}]":
-                if self.depth == 0:
-                    return index
-                self.depth -= 1
-            elif char == "," and self.depth == 0:
-                return index
-        return None
-
-
 class HermesToolParser(ToolCallParser):
     def _begin_call(self) -> None:
         self.phase = _HEADER_PHASE
-        self.scanner = _ValueScanner()
+        self.scanner = JsonScanner()
         self.index = self.num_calls
 
     def _call_step(self, events: list[Event], final: bool) -> bool:
@@ -93,29 +68,32 @@ class HermesToolParser(ToolCallParser):
         return True
 
     def _arguments(self, events: list[Event], final: bool) -> bool:
-        """Stream the arguments' text up to its end (or a `</tool_call>` cutting it short);
-        trailing whitespace is held back, since it may follow the value."""
+        """Stream the arguments' text, repaired, up to its end; when `</tool_call>` or the end
+        of the output cuts it short, its open brackets are closed (unless cut off)."""
         limit, marker = find_marker(self.buffer, (TOOL_CALL_END,))
-        end = self.scanner.scan(self.buffer[:limit])
-        done = end is not None or marker is not None or final
-        if end is None:
-            end = len(self.buffer) if final else limit
-        text = self.buffer[:end].rstrip()
+        if final and marker is None and not self.cut_off:
+            limit = len(self.buffer)  # all of it; cut off, a begun `</tool_call>` is dropped
+        text, end = self.scanner.feed(self.buffer[:limit])
+        self.buffer = self.buffer[limit if end is None else end :]
+        if end is None and not self.cut_off and (marker is not None or final):
+            text += self.scanner.closing()
         if text:
             events.append(ToolCallArguments(self.index, text))
-        # Held whitespace is scanned again next time, which leaves the scanner as it is.
-        self.buffer = self.buffer[end:] if done else self.buffer[len(text) :]
+        done = end is not None or marker is not None or final
         if done:
             self.phase = _TAIL
         return done
 
     def _tail(self, final: bool) -> bool:
         """After the arguments: skip to `</tool_call>`."""
-        index, marker = find_marker(self.buffer, (TOOL_CALL_END,))
+        index, marker = find_marker(self.buffer, (TOOL_CALL_END, TOOL_CALL_START))
         if marker is None and not final:
             self.buffer = self.buffer[index:]
             return False
-        self.buffer = self.buffer[index + len(marker or "") :]
+        # A next `<tool_call>` ends this call too (its end tag missing); at the end of the
+        # output a `</tool_call>` begun is markup, dropped.
+        skip = len(marker) if marker == TOOL_CALL_END else 0
+        self.buffer = "" if marker is None else self.buffer[index + skip :]
         self._end_call()
         return True
 
@@ -124,7 +102,7 @@ class HermesToolParser(ToolCallParser):
         if index < 0 and not final:
             return False
         body = self.buffer if index < 0 else self.buffer[:index]
-        call = _parse_call(body)
+        call = _parse_call(body, repair=not (self.cut_off and index < 0))
         if call is None:
             self._reject_call(events)
             return True
@@ -136,10 +114,10 @@ class HermesToolParser(ToolCallParser):
         return True
 
 
-def _parse_call(body: str) -> tuple[str, str] | None:
+def _parse_call(body: str, repair: bool) -> tuple[str, str] | None:
     """(name, arguments JSON) of a complete call body, or None if it is not one."""
     try:
-        call = json.loads(body)
+        call = repair_json(body) if repair else json.loads(body)
     except ValueError:
         return None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
