@@ -13,7 +13,7 @@ import pytest
 
 from llama_cpp_sdist import extract_llama_cpp
 from tests.parsers.conftest import MARKERS, MODEL_ID, write_byte_model
-from tests.server.conftest import start_server, stop_server
+from tests.server.conftest import _serve_args, _wait_until_serving, spawn_serve, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -21,6 +21,7 @@ TEMPLATE = "Qwen3.5-4B.jinja"
 MAX_TOKENS = 40
 FREE = {"ignore_eos": True}  # random weights: the answer runs to max_tokens
 GREEDY = {"temperature": 0}  # this anthropic SDK's create() takes no temperature
+EFFORT_BUDGETS = {"low": 4, "medium": 8, "high": 600, "max": 2}  # the operator's, per model
 MESSAGES = [{"role": "user", "content": "Think, then answer."}]
 
 
@@ -31,7 +32,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     )
     model = write_byte_model(tmp_path_factory.mktemp("tiny_qwen35_template"))
     shutil.copyfile(templates / TEMPLATE, Path(model) / "chat_template.jinja")
-    running = start_server(model)
+    budgets = ",".join(f"{effort}={n}" for effort, n in EFFORT_BUDGETS.items())
+    args = [*_serve_args(model), "--reasoning-effort-budgets", budgets]
+    running = spawn_serve(args, {"AXON_ALLOWED_LOCAL_MODEL_PATHS": str(model)})
+    try:
+        _wait_until_serving(running)
+    except BaseException:
+        stop_server(running)
+        raise
     yield running
     stop_server(running)
 
@@ -91,9 +99,15 @@ def test_streaming_matches_non_streaming(client):
     assert num_tokens(reasoning) <= 6
 
 
-def test_reasoning_effort_maps_to_a_budget_cut_for_the_answer_reserve(client):
-    # low is 512 tokens: max_tokens cuts it, leaving a quarter of max_tokens for the answer.
-    reply = chat(client, logprobs=True, reasoning_effort="low", extra_body=FREE)
+@pytest.mark.parametrize("effort", ["low", "medium", "max"])
+def test_reasoning_effort_is_the_configured_budget(client, effort):
+    reply = chat(client, logprobs=True, reasoning_effort=effort, extra_body=FREE)
+    assert len(thinking_tokens(reply.choices[0])) - 1 <= EFFORT_BUDGETS[effort]
+
+
+def test_a_budget_past_max_tokens_keeps_room_for_the_answer(client):
+    # high is 600 tokens: max_tokens cuts it, leaving a quarter of max_tokens for the answer.
+    reply = chat(client, logprobs=True, reasoning_effort="high", extra_body=FREE)
     thought = thinking_tokens(reply.choices[0])
     assert len(thought) - 1 <= MAX_TOKENS - 3 - MAX_TOKENS // 4
     assert reply.usage.completion_tokens == MAX_TOKENS
@@ -113,7 +127,7 @@ def test_unknown_reasoning_effort_is_a_400_naming_it(server):
 
 def test_models_lists_the_efforts(client):
     card = client.models.retrieve(MODEL_ID)
-    assert card.model_extra["reasoning_efforts"] == ["low", "medium", "high", "none", "minimal"]
+    assert card.model_extra["reasoning_efforts"] == [*EFFORT_BUDGETS, "none", "minimal"]
 
 
 def test_responses_reasoning_effort(client):
@@ -126,7 +140,7 @@ def test_responses_reasoning_effort(client):
     )
     reasoning = [item for item in reply.output if item.type == "reasoning"]
     text = reasoning[0].content[0].text if reasoning else ""
-    assert num_tokens(text) <= MAX_TOKENS - 3 - MAX_TOKENS // 4
+    assert num_tokens(text) <= EFFORT_BUDGETS["low"]
     assert reply.usage.output_tokens == MAX_TOKENS
 
 
