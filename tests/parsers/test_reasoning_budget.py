@@ -5,6 +5,7 @@ template (llama.cpp's corpus), which opens `<think>` in the prompt, through the 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -174,3 +175,31 @@ def test_anthropic_streaming_budget(anthropic_client):
 def test_anthropic_disabled_thinking(anthropic_client):
     reply = anthropic_client.messages.create(**anthropic_request(thinking={"type": "disabled"}))
     assert not [block for block in reply.content if block.type == "thinking"]
+
+
+def test_structured_output_follows_the_closed_thinking(client):
+    # The grammar leaves thinking free up to `</think>`: the forced end and its newlines are
+    # what it allows there, then the JSON is enforced.
+    schema = {
+        "type": "object",
+        "properties": {"a": {"enum": ["x", "y"]}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    response_format = {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}
+    reply = chat(
+        client,
+        logprobs=True,
+        response_format=response_format,
+        extra_body={"thinking_token_budget": 4},
+    )
+    choice = reply.choices[0]
+    assert len(thinking_tokens(choice)) - 1 <= 4
+    assert json.loads(choice.message.content)["a"] in ("x", "y")
+
+
+def test_every_sample_keeps_the_budget(client):
+    reply = chat(client, n=3, logprobs=True, extra_body={"thinking_token_budget": 3, **FREE})
+    assert len(reply.choices) == 3
+    for choice in reply.choices:
+        assert len(thinking_tokens(choice)) - 1 <= 3
