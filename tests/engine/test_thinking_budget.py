@@ -107,3 +107,18 @@ def test_forced_tokens_show_in_logprobs_under_the_model(llm):
     entry = output.logprobs[0][END]
     assert math.isclose(entry.logprob, reference[END].item(), abs_tol=1e-5)
     assert entry.rank == 1 + int((reference > reference[END]).sum())
+
+
+def test_the_budget_holds_across_preemption(tiny_model_root):
+    # A KV cache too small for every sample at once: the scheduler preempts and recomputes.
+    small = {**ENGINE_ARGS, "kv_cache_memory": 48 << 10, "max_model_len": 64}
+    llm = LLM(str(get_tiny_model("llama", tiny_model_root).path), **small)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts((12,) * 6, seed=8)]
+    params = budget_params(9, temperature=1.0, seed=3, max_tokens=40)
+    outputs = llm.generate(prompts, params)
+    assert llm.get_stats()["num_preemptions"] > 0
+    for prompt, output in zip(prompts, outputs):
+        tokens = output.outputs[0].token_ids
+        assert END in tokens and tokens.index(END) <= 9
+        # Seeded: a recomputed sample emits what it would have alone, forced tokens included.
+        assert llm.generate([prompt], params)[0].outputs[0].token_ids == tokens
