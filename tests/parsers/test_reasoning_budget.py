@@ -203,3 +203,27 @@ def test_every_sample_keeps_the_budget(client):
     assert len(reply.choices) == 3
     for choice in reply.choices:
         assert len(thinking_tokens(choice)) - 1 <= 3
+
+
+OPENED = "<|im_start|>user\nThink.<|im_end|>\n<|im_start|>assistant\n<think>\n"
+
+
+def test_completions_thinking_token_budget(client):
+    reply = client.completions.create(
+        model=MODEL_ID,
+        prompt=OPENED,
+        max_tokens=MAX_TOKENS,
+        logprobs=0,
+        seed=7,
+        extra_body={"thinking_token_budget": 5, **FREE},
+    )
+    tokens = reply.choices[0].logprobs.tokens
+    assert "</think>" in tokens and tokens.index("</think>") <= 5
+    assert reply.usage.completion_tokens == MAX_TOKENS
+
+
+def test_completions_prompts_that_disagree_on_thinking_are_a_400(server):
+    body = {"model": MODEL_ID, "prompt": [OPENED, "plain"], "thinking_token_budget": 5}
+    reply = httpx.post(server.openai_url + "/completions", json=body, timeout=60)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "thinking_token_budget"

@@ -73,6 +73,26 @@ def with_reasoning_effort(model, body):
     return body.model_copy(update=update)
 
 
+def completion_thinking_fields(model, budget: int | None, prompts: list) -> dict:
+    """thinking_fields of a /v1/completions request's (text, ids) `prompts`, which share their
+    sampling params: they must all end inside thinking (`…<think>`), or none of them."""
+    if budget is None:
+        return {}
+    # The tail is enough to see a closing `<think>`, and cheap to decode.
+    tails = [
+        text if text is not None else model.tokenizer.decode(ids[-8:]) for text, ids in prompts
+    ]
+    opened = {prompt_opens_reasoning(tail) for tail in tails}
+    if len(opened) > 1:
+        message = (
+            "thinking_token_budget: the prompts must all open thinking (end in <think>) or none"
+        )
+        raise BadRequest(message, param="thinking_token_budget")
+    return thinking_fields(
+        model, budget, THINK_START if opened.pop() else None, "thinking_token_budget"
+    )
+
+
 def thinking_fields(model, budget: int | None, prompt: str | None, param: str) -> dict:
     """The SamplingParams fields of a thinking `budget` on a rendered `prompt` ({} for none);
     raises BadRequest (naming `param`) for a model without single-token thinking markers."""

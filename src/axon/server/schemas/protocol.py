@@ -246,6 +246,7 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     suffix: str | None = None
     add_special_tokens: bool = True
+    thinking_token_budget: int | None = Field(None, ge=0)  # vLLM's (reasoning_budget.py)
 
     unsupported = COMPLETIONS
 

@@ -64,8 +64,8 @@ _VLLM_COMMON = {
     "mm_processor_kwargs": ((), "mm_processor_kwargs is not supported"),
     "thinking_token_budget": (
         (),
-        "thinking_token_budget is taken on /v1/chat/completions (reasoning.effort on "
-        "/v1/responses)",
+        "thinking_token_budget is taken on chat and completions; on /v1/responses use "
+        "reasoning.effort",
     ),
 }
 CHAT = {
