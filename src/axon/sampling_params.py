@@ -36,6 +36,17 @@ class SamplingParams:
     # {"type": "json_object"} | {"type": "json_schema", "schema": {...}}
     # | {"type": "tool_call", "format": "hermes" | "qwen3_coder", "tools": [...], "parallel": b}
     structured_output: dict | None = None
+    # vLLM's thinking_token_budget: at most this many tokens inside the thinking part, then the
+    # engine emits `thinking_end_token_ids` itself (the first closes thinking; the rest, such as
+    # Qwen3's "\n\n", are what the template writes after it). The server resolves the marker ids
+    # from the tokenizer, so the engine needs none. Thinking starts in the prompt
+    # (`thinking_in_prompt`) or when the first generated token is `thinking_start_token_id`.
+    thinking_token_budget: int | None = None
+    thinking_start_token_id: int | None = None
+    thinking_end_token_ids: list[int] = field(default_factory=list)
+    thinking_in_prompt: bool = False
+    # Room kept for the answer: thinking is cut earlier when the budget would leave less.
+    answer_reserve_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -49,6 +60,7 @@ class SamplingParams:
         problem = _structured_output_problem(self.structured_output)
         if problem is not None:
             raise ValueError(f"structured_output {problem}, got {self.structured_output!r}")
+        self._validate_thinking()
 
     def _validate(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -102,6 +114,29 @@ class SamplingParams:
             raise ValueError("logit_bias must map non-negative token ids to numbers")
         if not all(math.isfinite(v) and abs(v) <= MAX_LOGIT_BIAS for v in bias.values()):
             raise ValueError("logit_bias values must be finite numbers in [-100, 100]")
+
+    def _validate_thinking(self) -> None:
+        budget = self.thinking_token_budget
+        if budget is None:
+            return
+        if not isinstance(budget, int) or budget < 0:
+            raise ValueError(f"thinking_token_budget must be an integer >= 0, got {budget!r}")
+        if not isinstance(self.answer_reserve_tokens, int) or self.answer_reserve_tokens < 0:
+            raise ValueError(
+                f"answer_reserve_tokens must be an integer >= 0, got {self.answer_reserve_tokens!r}"
+            )
+        if not self.thinking_end_token_ids:
+            raise ValueError("thinking_token_budget needs the model's end-of-thinking token")
+
+    def thinking_limit(self) -> int | None:
+        """The most tokens thinking may take: the budget, cut so that the forced end and
+        `answer_reserve_tokens` still fit in max_tokens. None: no budget."""
+        if self.thinking_token_budget is None:
+            return None
+        if self.max_tokens is None:
+            return self.thinking_token_budget
+        room = self.max_tokens - len(self.thinking_end_token_ids) - self.answer_reserve_tokens
+        return max(0, min(self.thinking_token_budget, room))
 
     @property
     def greedy(self) -> bool:

@@ -99,6 +99,8 @@ class Sequence:
         # Structured output: the grammar matcher, which has consumed exactly the output tokens
         # (kept across preemption, since recompute keeps the tokens).
         self.grammar = None
+        # A thinking budget (sampling/thinking.py's ThinkingBudget), advanced with every token.
+        self.thinking_budget = None
         self.images = images
         # Embedding requests: "last" or "mean" pools the prompt's final hidden states into the
         # sequence's output instead of sampling; it finishes when its prompt is computed.

@@ -13,6 +13,7 @@ Stdlib only: the HTTP process and `axon --help` import it, torch must not load w
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -59,6 +60,25 @@ def _images(limits: dict) -> dict:
 def _limits_ok(limits: dict) -> bool:
     counts = limits.values()
     return set(limits) <= {"image"} and all(type(n) is int and n >= 0 for n in counts)
+
+
+def parse_effort_budgets(text: str) -> dict[str, int]:
+    """`--reasoning-effort-budgets`: `low=512,medium=2048,high=8192`, or the same as JSON."""
+    if text.lstrip().startswith("{"):
+        return json.loads(text)
+    pairs = [item.partition("=") for item in text.split(",")]
+    if any(not sep for _, sep, _ in pairs):
+        raise ValueError(f"expected EFFORT=N pairs, got {text!r}")
+    return {effort.strip(): int(count) for effort, _, count in pairs}
+
+
+def _effort_budgets_ok(budgets: dict) -> bool:
+    # none and minimal turn thinking off, so they take no budget.
+    return bool(budgets) and all(
+        isinstance(effort, str) and effort and effort not in ("none", "minimal")
+        and type(count) is int and count >= 0
+        for effort, count in budgets.items()
+    )  # fmt: skip
 
 
 def _int_list(values: list) -> bool:
@@ -118,6 +138,11 @@ TABLE: tuple[Setting, ...] = (
     Setting("revision", str, None, "branch, tag or commit of MODEL's repo", _MODEL),
     Setting("chat_template", str, None, "Jinja (or JSON) template file for MODEL's chats",
             _MODEL, _not_empty, "must not be empty", metavar="FILE"),
+    Setting("reasoning_effort_budgets", dict, None, "thinking tokens per reasoning_effort "
+            "(default low=512,medium=2048,high=8192); the efforts /v1/models lists", _MODEL,
+            _effort_budgets_ok, "must be EFFORT=N pairs with N >= 0 (none and minimal are "
+            "thinking off)", parse=parse_effort_budgets, annotation=dict[str, int],
+            metavar="EFFORT=N,..."),
     Setting("tensor_parallel_size", int, 1, "ranks that shard the model (rank 0 in the engine "
             "process, the others spawned)", (GENERATE, *_MODEL, LLM),
             **_min(1), load_name="tensor_parallel"),

@@ -364,6 +364,7 @@ def test_thinking_blocks_whole_and_streamed(byte_claude, byte_server):
     thought = message.content[0]
     assert thought.type == "thinking" and thought.thinking and thought.signature == ""
     body = {"model": MODEL_ID, "messages": HELLO, "max_tokens": 40, "temperature": 0}
+    body["thinking_token_budget"] = 30  # budget_tokens is enforced: chat's equivalent
     chat = httpx.post(byte_server.openai_url + "/chat/completions", json=body).json()
     assert thought.thinking == chat["choices"][0]["message"]["reasoning_content"]
     with byte_claude.messages.stream(**thinking_request()) as stream:

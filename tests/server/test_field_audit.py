@@ -52,6 +52,9 @@ HONOURED_ELSEWHERE = {
     "suffix": "a 400 naming it (openai_completions.py)",
     "prompt_logprobs": "a 400 naming it (SamplingParams)",
     "best_of": "equal to n, else a 400 naming it",
+    "thinking_token_budget": "tests/parsers/test_reasoning_budget.py",
+    "reasoning_effort": "tests/parsers/test_reasoning_budget.py",
+    "reasoning": "tests/parsers/test_reasoning_budget.py (reasoning.effort)",
 }
 VLLM_FIELDS = set(unsupported._VLLM_COMMON) | {
     "top_k",
@@ -298,3 +301,13 @@ def test_a_name_no_schema_knows_is_logged_once(caplog):
     assert [r.getMessage() for r in caplog.records].count(
         "request field 'max_tokenz' is not known to this server: ignored"
     ) == 1
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"thinking_token_budget": 4}, {"reasoning_effort": "low"}],
+)
+def test_reasoning_budget_on_a_model_without_thinking_is_a_400(http, fields):
+    reply = post(http, "chat", **fields)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == next(iter(fields))

@@ -41,6 +41,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "quant": ("Q4_K_M", 4),
     "revision": ("main", 4),
     "chat_template": ("t.jinja", ""),
+    "reasoning_effort_budgets": ({"low": 4, "high": 64}, {"none": 4}),
     "tensor_parallel_size": (2, 0),
     "devices": ([0, 1], ["x"]),
     "nnodes": (1, 0),

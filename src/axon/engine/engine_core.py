@@ -20,6 +20,7 @@ from axon.outputs import TokenUpdate
 from axon.runner.model_runner import ModelRunner
 from axon.sampling import SamplingMetadata
 from axon.sampling.penalties import PenaltyCounts
+from axon.sampling.thinking import ThinkingBudget
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
 
@@ -130,6 +131,7 @@ class EngineCore:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
         for seq in seqs:
+            seq.thinking_budget = ThinkingBudget.of(params)
             self.scheduler.add(seq)
         self.requests[request_id] = seqs
         return seqs
@@ -233,6 +235,9 @@ class EngineCore:
         result = self.runner.sampler(logits, meta)
         if has_grammar:
             self.structured.advance(grammars, result.token_ids)
+        for seq, token_id in zip(seqs, result.token_ids):
+            if seq.thinking_budget is not None:
+                seq.thinking_budget.advance(token_id)
         sampled = {seq.seq_id: tok for seq, tok in zip(seqs, result.token_ids)}
         logprobs = {seq.seq_id: lp for seq, lp in zip(seqs, result.logprobs) if lp is not None}
         return sampled, logprobs

@@ -113,6 +113,9 @@ class SamplingMetadata:
     banned_ids: torch.Tensor | None  # [X] long
     logprob_rows: torch.Tensor | None  # [L] long rows that asked for logprobs
     num_logprobs: list[int | None]  # [B] each row's SamplingParams.logprobs
+    # Rows whose token is decided already (a spent thinking budget), and that token.
+    forced_rows: torch.Tensor | None = None  # [K] long
+    forced_ids: torch.Tensor | None = None  # [K] long
 
     @property
     def greedy_only(self) -> bool:
@@ -121,6 +124,7 @@ class SamplingMetadata:
             self.plain is None
             and self.filtered is None
             and self.logprob_rows is None
+            and self.forced_rows is None
             and not self.edits_logits
         )
 
@@ -153,6 +157,7 @@ class SamplingMetadata:
         filtered = [i for i, p in enumerate(params) if not p.greedy and _has_filter(p)]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         banned_rows, banned_ids = _banned_tokens(seqs, vocab_size)
+        forced = [(i, t) for i, t in enumerate(map(forced_token, seqs)) if t is not None]
         return cls(
             num_rows=len(seqs),
             vocab_size=vocab_size,
@@ -167,6 +172,8 @@ class SamplingMetadata:
             banned_ids=_long(banned_ids, device) if banned_ids else None,
             logprob_rows=_long(logprob_rows, device) if logprob_rows else None,
             num_logprobs=[p.logprobs for p in params],
+            forced_rows=_long([i for i, _ in forced], device) if forced else None,
+            forced_ids=_long([t for _, t in forced], device) if forced else None,
         )
 
     @classmethod
@@ -210,7 +217,14 @@ def _plain_greedy(seq: Sequence) -> bool:
         and not params.logit_bias
         and not has_penalty(params)
         and seq.num_output_tokens >= params.min_tokens
+        and forced_token(seq) is None
     )
+
+
+def forced_token(seq: Sequence) -> int | None:
+    """The token `seq` must emit this step whatever its logits (a spent thinking budget)."""
+    budget = seq.thinking_budget
+    return None if budget is None else budget.forced_token()
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:

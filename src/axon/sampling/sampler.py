@@ -76,6 +76,8 @@ class Sampler(nn.Module):
             banned = flat_index(processed, meta.banned_rows, meta.banned_ids)  # [X]
             processed.view(-1).index_fill_(0, banned, float("-inf"))
         token_ids = self._choose_tokens(processed, meta)  # [B]
+        if meta.forced_rows is not None:  # taken whatever the logits; logprobs are of these
+            token_ids.index_copy_(0, meta.forced_rows, meta.forced_ids)
         return SamplerOutput(token_ids.tolist(), gather_logprobs(logits, token_ids, meta))
 
     def _choose_tokens(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

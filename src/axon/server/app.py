@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from axon.server.errors import AxonHTTPError
 from axon.server.generation import ClientDisconnected, served_model
 from axon.server.lifecycle.sources import is_repo_id
+from axon.server.reasoning_budget import supported_efforts
 from axon.server.routes import (
     anthropic,
     embeddings,
@@ -63,6 +64,9 @@ def model_card(model, name: str | None = None) -> dict:
     }
     if name is not None and name != model.id:
         card["parent"] = model.id
+    efforts = supported_efforts(model) if getattr(model, "tokenizer", None) is not None else []
+    if efforts:  # the reasoning_effort values the model takes (reasoning_budget.py)
+        card["reasoning_efforts"] = efforts
     return card
 
 

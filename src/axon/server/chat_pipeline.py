@@ -11,6 +11,7 @@ from axon.sampling_params import SamplingParams
 from axon.server.chat_output import ChatOutputPlan
 from axon.server.generation import vocab_size
 from axon.server.images import checked_image_parts, with_images
+from axon.server.reasoning_budget import thinking_fields, with_reasoning_effort
 from axon.server.sampling import build_sampling_params
 from axon.server.schemas.protocol import ChatCompletionRequest
 
@@ -35,12 +36,19 @@ class PreparedChat(NamedTuple):
 
 
 def prepare_chat(
-    model, body: ChatCompletionRequest, headers, sampling=None, prompt_field: str = "messages"
+    model,
+    body: ChatCompletionRequest,
+    headers,
+    sampling=None,
+    prompt_field: str = "messages",
+    budget_param: str = "thinking_token_budget",
 ) -> PreparedChat:
     """Everything a chat request needs before the engine: the prompt text and ids, the output
     plan, the sampling params (from `sampling`, default `body`: /v1/responses has its own
     request) and the images, fetched, decoded and preprocessed, with the prompt's image
-    placeholders expanded. Request-sized, blocking work: run it off the event loop."""
+    placeholders expanded. Request-sized, blocking work: run it off the event loop.
+    `budget_param` names the request's thinking budget in an error."""
+    body = with_reasoning_effort(model, body)
     messages = [message.template_dict() for message in body.messages]
     parts = checked_image_parts(model, messages, prompt_field)
     text, prompt_ids = chat_prompt(model, body, param=prompt_field)
@@ -54,5 +62,6 @@ def prepare_chat(
         prompt_field=prompt_field,
         structured_output=plan.structured_output,
         vocab_size=vocab_size(model),
+        thinking=thinking_fields(model, body.thinking_token_budget, text, budget_param),
     )
     return PreparedChat(text, prompt_ids, plan, params, images)

@@ -89,11 +89,14 @@ def build_sampling_params(
     prompt_field: str = "messages",
     structured_output: dict | None = None,
     vocab_size: int | None = None,
+    thinking: dict | None = None,
 ) -> SamplingParams:
     """The engine's SamplingParams for `request` on a prompt of `prompt_len` tokens.
 
     Raises ContextLengthExceeded when it cannot fit, BadRequest (param naming the request's
     field) for an invalid value. An omitted max_tokens means "up to the context length".
+    `thinking`: the budget's fields (reasoning_budget.thinking_fields), its answer reserve
+    capped at a quarter of max_tokens.
     """
     if prompt_len < 1:  # e.g. a chat template that renders to nothing
         raise _empty_prompt(prompt_field)
@@ -110,6 +113,9 @@ def build_sampling_params(
             f"logit_bias keys must be token ids below {vocab_size}", param="logit_bias"
         )
     values.update(max_tokens=max_tokens, logprobs=logprobs, structured_output=structured_output)
+    if thinking:
+        reserve = min(thinking.get("answer_reserve_tokens", 0), max_tokens // 4)
+        values.update(thinking, answer_reserve_tokens=reserve)
     renames = {"max_tokens": max_field, "logprobs": logprobs_field}
     try:
         return SamplingParams(**values)

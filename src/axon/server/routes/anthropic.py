@@ -41,6 +41,7 @@ from axon.server.schemas.anthropic_protocol import (
 from axon.server.schemas.protocol import SampleCursor, parse_request, random_id, sse
 
 logger = logging.getLogger(__name__)
+_BUDGET = "thinking.budget_tokens"  # what a thinking-budget error names
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -290,8 +291,10 @@ async def _message_stream(generation: Generation, context: _MessageContext):
 def _prepare(model, body: MessagesRequest) -> tuple[PreparedChat, dict | None]:
     """Chat's preparation (prompt, images, output plan, sampling), max_tokens capped at the
     request's, and context editing's report. Request-sized work: run it off the event loop."""
-    prepared = prepare_chat(model, to_chat_request(body), {})
-    prepared.params.max_tokens = min(prepared.params.max_tokens, body.max_tokens)
+    prepared = prepare_chat(model, to_chat_request(body), {}, budget_param=_BUDGET)
+    params = prepared.params
+    params.max_tokens = min(params.max_tokens, body.max_tokens)
+    params.answer_reserve_tokens = min(params.answer_reserve_tokens, params.max_tokens // 4)
     return prepared, _applied_edits(model, body)
 
 
@@ -331,7 +334,7 @@ async def create_message(request: Request):
 def _count(model, body: CountTokensRequest) -> dict:
     """The prompt's tokens as /v1/messages prepares them (images expanded), so the number is
     the one that request's usage reports."""
-    prepared = prepare_chat(model, to_chat_request(body), {})
+    prepared = prepare_chat(model, to_chat_request(body), {}, budget_param=_BUDGET)
     return {"input_tokens": len(prepared.prompt_ids)}
 
 

@@ -24,6 +24,7 @@ from axon.server.generation import (
     vocab_size,
 )
 from axon.server.offload import off_loop
+from axon.server.reasoning_budget import completion_thinking_fields
 from axon.server.sampling import build_sampling_params, check_prompt_ids
 from axon.server.schemas.protocol import (
     CompletionRequest,
@@ -94,6 +95,7 @@ def _prepare(body: CompletionRequest, model) -> tuple[list, object]:
         model.generation_defaults,
         prompt_field="prompt",
         vocab_size=vocab_size(model),
+        thinking=completion_thinking_fields(model, body.thinking_token_budget, prompts),
     )
     return prompts, params
 

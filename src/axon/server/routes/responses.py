@@ -130,6 +130,8 @@ def _as_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         chat_template_kwargs=body.chat_template_kwargs,
         response_format=body.response_format(),
         add_generation_prompt=True,
+        reasoning_effort=body.reasoning.effort if body.reasoning is not None else None,
+        thinking_token_budget=None,
     )
 
 
@@ -346,7 +348,14 @@ def _prepare(model, body: ResponsesRequest) -> PreparedChat:
     """The prompt text and ids, output plan, sampling params and images: request-sized work,
     off the loop."""
     try:
-        return prepare_chat(model, _as_chat_request(body), {}, sampling=body, prompt_field="input")
+        return prepare_chat(
+            model,
+            _as_chat_request(body),
+            {},
+            sampling=body,
+            prompt_field="input",
+            budget_param="reasoning.effort",
+        )
     except BadRequest as exc:
         # The chat pipeline names chat's field; this request spelled it text.format.
         if not (exc.param or "").startswith("response_format"):

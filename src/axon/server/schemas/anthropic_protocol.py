@@ -13,7 +13,8 @@ base64 source, the URL for a url source, under the chat path's media policy); `t
 become the assistant's `tool_calls`, `tool_result` blocks become `tool` messages, `thinking`
 blocks the assistant's `reasoning_content`; `tools[].input_schema` is the function's
 `parameters`; tool_choice `any` is `required`, `tool` names a function; `thinking` sets the
-template's `enable_thinking` (off unless asked for, as Anthropic's default is no thinking);
+template's `enable_thinking` (off unless asked for, as Anthropic's default is no thinking) and
+its `budget_tokens` is the engine's thinking budget;
 `output_config.format` (a JSON schema) is chat's `response_format`, enforced while decoding;
 `context_management` clears old thinking (anthropic_context.py).
 """
@@ -314,6 +315,12 @@ def _enable_thinking(body: CountTokensRequest) -> bool:
     return True
 
 
+def _thinking_budget(body: CountTokensRequest) -> int | None:
+    """budget_tokens of enabled thinking, enforced by the engine; None otherwise."""
+    thinking = body.thinking
+    return thinking.budget_tokens if thinking is not None and thinking.type == "enabled" else None
+
+
 def _chat_fields(body: CountTokensRequest, clear_thinking: bool) -> dict:
     """The chat request's fields (no max_tokens: see to_chat_request)."""
     tools = [
@@ -336,6 +343,7 @@ def _chat_fields(body: CountTokensRequest, clear_thinking: bool) -> dict:
         "tool_choice": _tool_choice(choice),
         "parallel_tool_calls": not (choice and choice.disable_parallel_tool_use),
         "chat_template_kwargs": {"enable_thinking": _enable_thinking(body)},
+        "thinking_token_budget": _thinking_budget(body),
         "response_format": (
             {"type": "json_schema", "json_schema": {"name": "output", "schema": output.json_schema}}
             if output is not None

@@ -203,6 +203,9 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # A thinking budget in tokens (vLLM's), or OpenAI's effort mapped to one (reasoning_budget.py).
+    thinking_token_budget: int | None = Field(None, ge=0)
+    reasoning_effort: str | None = None
 
     free_form = ("messages", "tools", "tool_choice", "response_format", "chat_template_kwargs")
     unsupported = CHAT
@@ -243,6 +246,7 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     suffix: str | None = None
     add_special_tokens: bool = True
+    thinking_token_budget: int | None = Field(None, ge=0)  # vLLM's (reasoning_budget.py)
 
     unsupported = COMPLETIONS
 
@@ -268,6 +272,16 @@ class ResponseText(OpenAIModel):
     verbosity: str | None = None
 
 
+class ResponseReasoning(OpenAIModel):
+    """`reasoning`: `effort` as chat's reasoning_effort. A summary is never written, so asking
+    for one is a 400."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    effort: str | None = None
+    summary: None = None
+
+
 class ResponsesRequest(SamplingRequest):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -278,6 +292,7 @@ class ResponsesRequest(SamplingRequest):
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     text: ResponseText | None = None
+    reasoning: ResponseReasoning | None = None
     metadata: dict[str, str] | None = Field(None, max_length=16)  # echoed in the response
 
     free_form = ("input", "tools", "tool_choice", "chat_template_kwargs", "text")

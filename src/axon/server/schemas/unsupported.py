@@ -22,7 +22,6 @@ _MAX_LOGGED_NAMES = 1024  # a client inventing names must not grow the set witho
 _logged_names: set[str] = set()
 
 _NOT_STORED = "this server stores nothing"
-_NO_REASONING_EFFORT = "reasoning effort is not supported; use chat_template_kwargs"
 _NO_GUIDED = "vLLM's guided_* fields are not supported; use response_format"
 
 # name -> (the values that pass, why any other is refused)
@@ -33,7 +32,6 @@ _OPENAI_CHAT = {
     "function_call": ((), "the deprecated function_call is not supported; use tool_choice"),
     "prediction": ((), "predicted outputs are not supported"),
     "web_search_options": ((), "web search is not supported"),
-    "reasoning_effort": ((), _NO_REASONING_EFFORT),
     "verbosity": (("medium",), "only the default verbosity, medium, is supported"),
     "store": ((False,), _NOT_STORED),
     "metadata": (({},), f"metadata is kept only with stored completions; {_NOT_STORED}"),
@@ -64,7 +62,11 @@ _VLLM_COMMON = {
     "kv_transfer_params": ((), "KV transfer is not supported"),
     "vllm_xargs": ((), "vllm_xargs is not supported"),
     "mm_processor_kwargs": ((), "mm_processor_kwargs is not supported"),
-    "thinking_token_budget": ((), "thinking_token_budget is not supported"),
+    "thinking_token_budget": (
+        (),
+        "thinking_token_budget is taken on chat and completions; on /v1/responses use "
+        "reasoning.effort",
+    ),
 }
 CHAT = {
     **_OPENAI_CHAT,
@@ -89,7 +91,6 @@ RESPONSES = {
     "include": (([],), "no extra output data (include) is supported"),
     "max_tool_calls": ((), "max_tool_calls is not supported"),
     "prompt": ((), "stored prompt templates are not supported"),
-    "reasoning": ((), _NO_REASONING_EFFORT),
     "truncation": (("disabled",), "truncation is not supported: a long input is a 400"),
     "top_logprobs": ((), "logprobs are not supported on /v1/responses"),
     "context_management": ((), "context management is not supported"),
