@@ -298,3 +298,17 @@ def test_a_name_no_schema_knows_is_logged_once(caplog):
     assert [r.getMessage() for r in caplog.records].count(
         "request field 'max_tokenz' is not known to this server: ignored"
     ) == 1
+
+
+def test_continue_final_message_leaves_the_final_turn_open(http):
+    partial = [*MESSAGES, {"role": "assistant", "content": "w50 w51"}]
+    _, closed = chat_text(http, messages=partial, add_generation_prompt=False)
+    _, opened = chat_text(http, messages=partial, continue_final_message=True)
+    # ChatML: the open turn lacks the closing `<|im_end|>`.
+    assert opened["usage"]["prompt_tokens"] < closed["usage"]["prompt_tokens"]
+    both = {"continue_final_message": True, "add_generation_prompt": True}
+    for fields in (both, {"continue_final_message": True}):
+        messages = partial if fields is both else MESSAGES
+        reply = post(http, "chat", messages=messages, **fields)
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == "continue_final_message"

@@ -139,3 +139,17 @@ def _bos_tokenizer(write_tokenizer, tokenizer_class, template_processing):
     processor = template_processing(single="<|endoftext|> $A", special_tokens=[bos])
     tokenizer.backend_tokenizer.post_processor = processor
     return tokenizer
+
+
+def test_tokenize_continues_the_final_message(http, client):
+    partial = [*HELLO, {"role": "assistant", "content": "hello"}]
+    body = {"messages": partial, "continue_final_message": True, "return_token_strs": True}
+    reply = http.post("/tokenize", json=body).json()
+    assert reply["token_strs"][-3:] == ["<|im_start|>", "assistant", "hello"]
+    chat = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=partial,
+        max_tokens=1,
+        extra_body={"continue_final_message": True},
+    )
+    assert chat.usage.prompt_tokens == reply["count"]

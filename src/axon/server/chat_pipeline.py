@@ -21,7 +21,11 @@ def chat_prompt(
     """The rendered prompt and its token ids (the template adds the special tokens itself)."""
     messages = [message.template_dict() for message in body.messages]
     text = model.render_chat(
-        messages, body.tools, body.chat_template_kwargs, body.add_generation_prompt
+        messages,
+        body.tools,
+        body.chat_template_kwargs,
+        body.generation_prompt(),
+        continue_final_message=body.continue_final_message,
     )
     return text, model.encode(text, add_special_tokens=False, param=param)
 

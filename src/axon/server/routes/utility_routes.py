@@ -19,7 +19,11 @@ from axon.server.generation import served_model, vocab_size
 from axon.server.images import checked_image_parts, with_images
 from axon.server.offload import off_loop
 from axon.server.schemas.protocol import ChatMessage, OpenAIModel, TokenId, parse_request
-from axon.server.schemas.request_checks import check_content_parts, check_tools
+from axon.server.schemas.request_checks import (
+    check_content_parts,
+    check_continuation,
+    check_tools,
+)
 
 router = APIRouter()  # behind the API key
 open_router = APIRouter()
@@ -43,10 +47,12 @@ class TokenizeRequest(OpenAIModel):
     def _one_input(self):
         if (self.prompt is None) == (self.messages is None):
             raise BadRequest("send exactly one of prompt and messages", param="prompt")
-        if self.continue_final_message:
-            raise BadRequest(
-                "continue_final_message is not supported", param="continue_final_message"
-            )
+        if self.continue_final_message and self.messages is None:
+            message = "continue_final_message needs messages"
+            raise BadRequest(message, param="continue_final_message")
+        sent = "add_generation_prompt" in self.model_fields_set and self.add_generation_prompt
+        roles = [message.role for message in self.messages or []]
+        check_continuation(self.continue_final_message, sent, roles)
         if self.chat_template is not None:
             message = "chat_template is not supported per request; set it when loading the model"
             raise BadRequest(message, param="chat_template")
@@ -80,7 +86,9 @@ def _tokenize(model, body: TokenizeRequest) -> dict:
         messages = [message.template_dict() for message in body.messages]
         parts = checked_image_parts(model, messages, "messages")
         kwargs = body.chat_template_kwargs
-        text = model.render_chat(messages, body.tools, kwargs, body.add_generation_prompt)
+        continuing = body.continue_final_message
+        generation_prompt = body.add_generation_prompt and not continuing
+        text = model.render_chat(messages, body.tools, kwargs, generation_prompt, continuing)
         special = bool(body.add_special_tokens)  # the template wrote the special tokens
     else:
         text = body.prompt

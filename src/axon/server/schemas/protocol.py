@@ -34,6 +34,7 @@ from axon.server.schemas.logprobs import chat_logprobs as chat_logprobs
 from axon.server.schemas.logprobs import completion_logprobs as completion_logprobs
 from axon.server.schemas.request_checks import (
     check_content_parts,
+    check_continuation,
     check_response_format,
     check_tool_choice,
     check_tools,
@@ -203,6 +204,7 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     free_form = ("messages", "tools", "tool_choice", "response_format", "chat_template_kwargs")
     unsupported = CHAT
@@ -211,9 +213,17 @@ class ChatCompletionRequest(SamplingRequest):
         super().check_shapes()
         for index, message in enumerate(self.messages):
             check_content_parts(message.content, f"messages[{index}].content")
+        sent = "add_generation_prompt" in self.model_fields_set and self.add_generation_prompt
+        roles = [message.role for message in self.messages]
+        check_continuation(self.continue_final_message, sent, roles)
         check_tools(self.tools, flat=False)
         check_tool_choice(self.tool_choice)
         check_response_format(self.response_format)
+
+    def generation_prompt(self) -> bool:
+        """Whether the template adds the assistant's header: never while continuing the final
+        message (vLLM: `add_generation_prompt` left out is off then)."""
+        return self.add_generation_prompt and not self.continue_final_message
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         if self.max_completion_tokens is not None:
