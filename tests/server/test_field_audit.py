@@ -48,9 +48,9 @@ HONOURED_ELSEWHERE = {
     "add_special_tokens": "tests/server/test_openai_api.py (token-id and text prompts)",
     "input": "tests/server/test_openai_api.py::test_responses_input_items",
     "previous_response_id": "a 400 chained_conversation_not_supported (test_openai_api.py)",
-    "echo": "a 400 naming it (openai_completions.py)",
+    "echo": "tests/server/test_prompt_logprobs.py",
     "suffix": "a 400 naming it (openai_completions.py)",
-    "prompt_logprobs": "a 400 naming it (SamplingParams)",
+    "prompt_logprobs": "tests/server/test_prompt_logprobs.py (a 400 on /v1/responses)",
     "best_of": "equal to n, else a 400 naming it",
 }
 VLLM_FIELDS = set(unsupported._VLLM_COMMON) | {

@@ -119,7 +119,7 @@ class SamplingRequest(OpenAIModel):
     stop: StopString | list[StopString] | None = None
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     logit_bias: dict[TokenIdKey, Bias] | None = Field(None, max_length=MAX_LOGIT_BIAS_ENTRIES)
-    prompt_logprobs: int | None = None  # vLLM's; refused until computed (SamplingParams)
+    prompt_logprobs: int | None = None  # vLLM's: per prompt token, its logprob and top k
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
@@ -156,6 +156,10 @@ class SamplingRequest(OpenAIModel):
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:
             message = f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
             raise BadRequest(message, param="stop")
+
+    def requested_prompt_logprobs(self) -> int | None:
+        """How many top logprobs each prompt token gets (None: the prompt is not scored)."""
+        return self.prompt_logprobs
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         """The completion-length cap the request sets (None: as long as the context allows), and
@@ -214,15 +218,13 @@ class ChatCompletionRequest(SamplingRequest):
         for index, message in enumerate(self.messages):
             check_content_parts(message.content, f"messages[{index}].content")
         sent = "add_generation_prompt" in self.model_fields_set and self.add_generation_prompt
-        roles = [message.role for message in self.messages]
-        check_continuation(self.continue_final_message, sent, roles)
+        check_continuation(self.continue_final_message, sent, [m.role for m in self.messages])
         check_tools(self.tools, flat=False)
         check_tool_choice(self.tool_choice)
         check_response_format(self.response_format)
 
     def generation_prompt(self) -> bool:
-        """Whether the template adds the assistant's header: never while continuing the final
-        message (vLLM: `add_generation_prompt` left out is off then)."""
+        """Whether the template adds the assistant's header: never while continuing (vLLM's)."""
         return self.add_generation_prompt and not self.continue_final_message
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
@@ -255,6 +257,20 @@ class CompletionRequest(SamplingRequest):
     add_special_tokens: bool = True
 
     unsupported = COMPLETIONS
+
+    @property
+    def echo_only(self) -> bool:
+        """`echo` with `max_tokens: 0`: the answer is the prompt alone (OpenAI's legacy API)."""
+        return self.echo and self.max_tokens == 0
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        # The engine samples one token, which the answer leaves out.
+        return (1 if self.echo_only else self.max_tokens), "max_tokens"
+
+    def requested_prompt_logprobs(self) -> int | None:
+        """vLLM's: `echo` with `logprobs` scores the prompt (as many top logprobs)."""
+        echoed = self.logprobs if self.echo else None
+        return self.prompt_logprobs if self.prompt_logprobs is not None else echoed
 
     def requested_n(self) -> int:
         if self.best_of is not None and self.best_of != self.n:
@@ -295,6 +311,9 @@ class ResponsesRequest(SamplingRequest):
 
     def check_shapes(self) -> None:
         super().check_shapes()
+        if self.prompt_logprobs is not None:
+            message = "prompt_logprobs is supported on chat and completions only"
+            raise BadRequest(message, param="prompt_logprobs")
         check_tools(self.tools, flat=True)
         check_tool_choice(self.tool_choice)
         self.response_format()
