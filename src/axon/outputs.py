@@ -27,6 +27,9 @@ class TokenUpdate(NamedTuple):
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     embedding: list[float] | None = None  # an embedding request's pooled vector, once finished
+    # With the first token of a sample that asked for them: per prompt token, None for the first,
+    # then (token_id, logprob, rank, top [(token_id, logprob)]) as TokenLogprobs' fields
+    prompt_logprobs: list | None = None
 
 
 @dataclass
@@ -51,3 +54,5 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    # vLLM's: None for the first prompt token, then token id -> Logprob (with the top k)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

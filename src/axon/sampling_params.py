@@ -26,6 +26,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs per token (0 = only the sampled one)
+    # per prompt token after the first: its logprob and the k most likely (vLLM's); the first
+    # sample computes its prompt without prefix-cache hits then
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -90,9 +92,11 @@ class SamplingParams:
         )
         check(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer")
         check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]")
-        # Accepted and never computed would be a lie: refused until the runner computes them.
-        if self.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported yet")
+        check(
+            self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+            "prompt_logprobs",
+            "must be in [0, 20]",
+        )
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         check(
             all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),

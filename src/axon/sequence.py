@@ -129,6 +129,14 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether the prompt rows computed now must give their logprobs: the first sample of
+        a request that asks for them, until its first token (after it, a recompute of the
+        prompt after a preemption gives nothing: they went out with that token)."""
+        asked = self.sampling_params.prompt_logprobs is not None
+        return asked and self.index == 0 and self.num_output_tokens == 0
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 

@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from axon.server.schemas.node_protocol import ModelSpec
-from axon.server.schemas.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+from axon.server.schemas.protocol import ChatCompletionRequest, CompletionRequest
+from axon.server.schemas.responses import ResponsesRequest
 from tests.server.conftest import MODEL_ID, start_server, stop_server, write_tiny_qwen3
 
 NUM_REQUESTS = 1000

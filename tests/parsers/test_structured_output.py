@@ -295,7 +295,7 @@ def test_responses_forced_tool_call_is_a_function_call_item(byte_client):
 
 def test_responses_reasoning_is_its_own_output_item():
     from axon.server.routes.responses import _ResponseContext
-    from axon.server.schemas.protocol import ResponsesRequest
+    from axon.server.schemas.responses import ResponsesRequest
 
     body = ResponsesRequest(model=MODEL_ID, input="hi")
     context = _ResponseContext(body, type("M", (), {"id": MODEL_ID})(), None, plan(False))

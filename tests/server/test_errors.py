@@ -205,7 +205,7 @@ def test_former_500s_are_400s_naming_the_field(http, path, body, param):
         ({"logit_bias": {"5": 101}}, "logit_bias.5"),
         ({"logit_bias": {"256": 1}}, "logit_bias"),  # the tiny vocabulary is 256 tokens
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
-        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}] * 129}, "tools"),
         ({"tools": [{"type": "function", "function": {"name": "f" * 300_000}}]}, "tools"),
         (

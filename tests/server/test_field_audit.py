@@ -48,9 +48,9 @@ HONOURED_ELSEWHERE = {
     "add_special_tokens": "tests/server/test_openai_api.py (token-id and text prompts)",
     "input": "tests/server/test_openai_api.py::test_responses_input_items",
     "previous_response_id": "a 400 chained_conversation_not_supported (test_openai_api.py)",
-    "echo": "a 400 naming it (openai_completions.py)",
+    "echo": "tests/server/test_prompt_logprobs.py",
     "suffix": "a 400 naming it (openai_completions.py)",
-    "prompt_logprobs": "a 400 naming it (SamplingParams)",
+    "prompt_logprobs": "tests/server/test_prompt_logprobs.py (a 400 on /v1/responses)",
     "best_of": "equal to n, else a 400 naming it",
     "thinking_token_budget": "tests/parsers/test_reasoning_budget.py",
     "reasoning_effort": "tests/parsers/test_reasoning_budget.py",
@@ -311,3 +311,17 @@ def test_reasoning_budget_on_a_model_without_thinking_is_a_400(http, fields):
     reply = post(http, "chat", **fields)
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == next(iter(fields))
+
+
+def test_continue_final_message_leaves_the_final_turn_open(http):
+    partial = [*MESSAGES, {"role": "assistant", "content": "w50 w51"}]
+    _, closed = chat_text(http, messages=partial, add_generation_prompt=False)
+    _, opened = chat_text(http, messages=partial, continue_final_message=True)
+    # ChatML: the open turn lacks the closing `<|im_end|>`.
+    assert opened["usage"]["prompt_tokens"] < closed["usage"]["prompt_tokens"]
+    both = {"continue_final_message": True, "add_generation_prompt": True}
+    for fields in (both, {"continue_final_message": True}):
+        messages = partial if fields is both else MESSAGES
+        reply = post(http, "chat", messages=messages, **fields)
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == "continue_final_message"

@@ -139,3 +139,47 @@ def _bos_tokenizer(write_tokenizer, tokenizer_class, template_processing):
     processor = template_processing(single="<|endoftext|> $A", special_tokens=[bos])
     tokenizer.backend_tokenizer.post_processor = processor
     return tokenizer
+
+
+def test_tokenize_continues_the_final_message(http, client):
+    partial = [*HELLO, {"role": "assistant", "content": "hello"}]
+    body = {"messages": partial, "continue_final_message": True, "return_token_strs": True}
+    reply = http.post("/tokenize", json=body).json()
+    assert reply["token_strs"][-3:] == ["<|im_start|>", "assistant", "hello"]
+    chat = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=partial,
+        max_tokens=1,
+        extra_body={"continue_final_message": True},
+    )
+    assert chat.usage.prompt_tokens == reply["count"]
+
+
+def test_tokenizer_info_serves_lm_evals_remote_tokenizer(http):
+    """What lm-eval's RemoteTokenizer reads: eos/bos strings (their ids by /tokenize without
+    special tokens), the chat template it renders itself, /detokenize for its batch_decode."""
+    import jinja2
+
+    info = http.get("/tokenizer_info").json()
+    # the fast tokenizer's class: transformers 5 renamed it
+    assert info["tokenizer_class"] in ("TokenizersBackend", "PreTrainedTokenizerFast")
+    assert (info["eos_token"], info["pad_token"], info["bos_token"]) == (
+        "<|im_end|>",
+        "<|endoftext|>",
+        None,
+    )
+    assert info["model_max_length"] == MAX_MODEL_LEN
+    assert info["added_tokens_decoder"]["1"] == "<|im_start|>"
+    assert not {"tokenizer_file", "vocab_file", "name_or_path"} & set(info)
+    eos = http.post("/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False})
+    assert eos.json()["tokens"] == [2]
+    rendered = (
+        jinja2.Environment()
+        .from_string(info["chat_template"])
+        .render(messages=HELLO, add_generation_prompt=True)
+    )
+    served = http.post("/tokenize", json={"messages": HELLO, "return_token_strs": True}).json()
+    again = http.post("/tokenize", json={"prompt": rendered, "add_special_tokens": False})
+    assert again.json()["tokens"] == served["tokens"]
+    assert http.get("/tokenizer_info", params={"model": MODEL_ID}).json() == info
+    assert http.get("/tokenizer_info", params={"model": "nope"}).status_code == 404

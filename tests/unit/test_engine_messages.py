@@ -130,3 +130,9 @@ def test_the_declared_commands_are_the_engines():
 
     handlers = {name.removeprefix("_cmd_") for name in dir(EngineLoop) if name.startswith("_cmd_")}
     assert set(messages.COMMANDS) == handlers | {"shutdown"}
+
+
+def test_prompt_logprobs_cross_as_plain_rows():
+    prompt = [None, (5, -1.5, 2, [(7, -0.5), (5, -1.5)])]
+    (update,) = decode(encode(Updates([TokenUpdate("r", 0, 7, prompt_logprobs=prompt)]))).updates
+    assert update.prompt_logprobs == prompt and update.logprobs is None

@@ -446,7 +446,7 @@ def test_greedy_logprob_rank_is_one() -> None:
         ("logit_bias", {1: 100.5}),
         ("logit_bias", {-1: 1.0}),
         ("logit_bias", {1: float("nan")}),
-        ("prompt_logprobs", 1),
+        ("prompt_logprobs", 21),
     ],
 )
 def test_invalid_sampling_params_name_the_field(field, value) -> None:

@@ -18,6 +18,7 @@ from axon.engine.scheduler import Scheduler
 from axon.loader.pooling import load_pooling_config, resolve_task
 from axon.outputs import TokenUpdate
 from axon.runner.model_runner import ModelRunner
+from axon.runner.prompt_logprobs import PromptRows, by_sequence
 from axon.sampling import SamplingMetadata
 from axon.sampling.penalties import PenaltyCounts
 from axon.sampling.thinking import ThinkingBudget
@@ -84,6 +85,9 @@ class EngineCore:
         self._structured = None  # StructuredOutputs, made by the first request that needs it
         # Penalised sequences' token counts, kept across steps (not rebuilt from token lists).
         self.penalty_counts = PenaltyCounts(self.runner.vocab_size, self.runner.device)
+        # seq_id -> {prompt position: its logprobs entry}, gathered chunk by chunk until the
+        # sequence's first token, which carries them out
+        self._prompt_logprobs: dict[int, dict[int, tuple]] = {}
         self.requests: dict[str, list[Sequence]] = {}  # unfinished requests' sequences
         # The requests of the step in progress: what a failed step fails (and no more).
         self.step_request_ids: set[str] = set()
@@ -139,6 +143,8 @@ class EngineCore:
     def abort(self, request_ids: list[str] | set[str]) -> list[Sequence]:
         """Finish these requests now, freeing their blocks; unknown ids are ignored."""
         aborted = self.scheduler.abort(set(request_ids))
+        for seq in aborted:
+            self._prompt_logprobs.pop(seq.seq_id, None)
         if self.pooler is not None:
             self.pooler.forget(seq.seq_id for seq in aborted)
         for request_id in request_ids:
@@ -181,14 +187,38 @@ class EngineCore:
         if self.pooler is not None:
             return self._embed_step(out, batch)
         logits = self.runner.forward_logits(batch)
+        self._keep_prompt_logprobs(batch.prompt)
         sampled, logprobs = self._sample(batch.sampling_seqs, logits)
         self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)
         finished = self.scheduler.update(out, sampled)
         self.num_generation_tokens += len(sampled)
-        updates = [self._update_of(seq, sampled, logprobs) for seq, _ in out.scheduled]
+        take = self._take_prompt_logprobs
+        updates = [
+            self._update_of(seq, sampled, logprobs, prompt_logprobs=take(seq, sampled))
+            for seq, _ in out.scheduled
+        ]
         for seq in finished:
             self._forget_if_done(seq.request_id)
         return updates
+
+    def _keep_prompt_logprobs(self, prompt: PromptRows | None) -> None:
+        """Keeps the prompt logprobs a step computed, by sequence and position (a position a
+        recompute after a preemption computes again is overwritten)."""
+        if prompt is None:
+            return
+        for seq_id, (first, entries) in by_sequence(prompt).items():
+            kept = self._prompt_logprobs.setdefault(seq_id, {})
+            kept.update(zip(range(first, first + len(entries)), entries))
+
+    def _take_prompt_logprobs(self, seq: Sequence, sampled: dict) -> list | None:
+        """The prompt logprobs of `seq` (None first, then one entry per prompt position) once
+        its first token is sampled, when it asked for them; else None."""
+        if seq.sampling_params.prompt_logprobs is None or seq.index != 0:
+            return None
+        if seq.seq_id not in sampled or seq.num_output_tokens != 1:
+            return None
+        kept = self._prompt_logprobs.pop(seq.seq_id, {})
+        return [None] + [kept.get(position) for position in range(1, seq.num_prompt_tokens)]
 
     def _embed_step(self, out, batch) -> list[TokenUpdate]:
         """A step of the embed task: prefill only, and each prompt that ends this step finishes
@@ -206,7 +236,11 @@ class EngineCore:
 
     @staticmethod
     def _update_of(
-        seq: Sequence, sampled: dict, logprobs: dict, embedding: list[float] | None = None
+        seq: Sequence,
+        sampled: dict,
+        logprobs: dict,
+        embedding: list[float] | None = None,
+        prompt_logprobs: list | None = None,
     ) -> TokenUpdate:
         reason = seq.finish_reason.value if seq.finish_reason is not None else None
         return TokenUpdate(
@@ -218,6 +252,7 @@ class EngineCore:
             stop_reason=seq.stop_reason,
             num_cached_tokens=seq.num_cached_tokens,
             embedding=embedding,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor):

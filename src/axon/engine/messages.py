@@ -36,9 +36,11 @@ type's tag first, then its fields, pickled: pickled as themselves, the classes' 
 would be written and looked up by name on both ends of every message. Updates, sent every step,
 is its rows alone: a list of TokenUpdates (NamedTuples, so each is its own row) with logprobs as
 plain tuples, rebuilt as WireLogprobs (the engine's are axon.sampling.TokenLogprobs, whose
-unpickling would import torch). The message types are slots dataclasses, not frozen ones, which
-cost twice as much to make, and one Updates is made on each end every step. The costs against
-positional tuples: benchmarks/engine_messages.py, docs/performance.md ("Typed engine messages").
+unpickling would import torch); a sample's prompt logprobs, on its first token's update, are
+plain tuples of the same fields already. The message types are slots dataclasses, not frozen
+ones, which cost twice as much to make, and one Updates is made on each end every step. The
+costs against positional tuples: benchmarks/engine_messages.py, docs/performance.md ("Typed
+engine messages").
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ class SampleState:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
+        # vLLM's prompt_logprobs (the first sample's, once its first token came): None for the
+        # first prompt token, then token id -> Logprob per position
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -43,6 +46,10 @@ class SampleState:
         if self.finished:
             return False
         self.num_cached_tokens = update.num_cached_tokens
+        if update.prompt_logprobs is not None:
+            self.prompt_logprobs = [
+                None if lp is None else self._entry(*lp) for lp in update.prompt_logprobs
+            ]
         if update.token_id is not None:
             self.token_ids.append(update.token_id)
             if update.logprobs is not None and self.logprobs is not None:
@@ -58,15 +65,17 @@ class SampleState:
         return False
 
     def _add_logprobs(self, lp) -> None:
+        self.logprobs.append(self._entry(lp.token_id, lp.logprob, lp.rank, lp.top))
+        self.cumulative_logprob += lp.logprob
+
+    def _entry(self, token_id: int, logprob: float, rank: int, top: list) -> dict[int, Logprob]:
+        """One position's token id -> Logprob: the top ones ranked 1.., and the token's own."""
         entry = {
             tok: Logprob(val, rank=i + 1, decoded_token=self._piece(tok))
-            for i, (tok, val) in enumerate(lp.top)
+            for i, (tok, val) in enumerate(top)
         }
-        entry[lp.token_id] = Logprob(
-            lp.logprob, rank=lp.rank, decoded_token=self._piece(lp.token_id)
-        )
-        self.logprobs.append(entry)
-        self.cumulative_logprob += lp.logprob
+        entry[token_id] = Logprob(logprob, rank=rank, decoded_token=self._piece(token_id))
+        return entry
 
     def _piece(self, token_id: int) -> str | None:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else None
@@ -126,6 +135,12 @@ class RequestState:
     def finished(self) -> bool:
         return all(s.finished for s in self.samples)
 
+    @property
+    def prompt_logprobs(self) -> list[dict[int, Logprob] | None] | None:
+        """The prompt's logprobs when the params ask for them (the first sample carries them);
+        None until its first token."""
+        return self.samples[0].prompt_logprobs
+
     def to_output(self) -> RequestOutput:
         return RequestOutput(
             request_id=self.request_id,
@@ -134,4 +149,5 @@ class RequestState:
             outputs=[s.output() for s in self.samples],
             finished=self.finished,
             num_cached_tokens=self.samples[0].num_cached_tokens,
+            prompt_logprobs=self.prompt_logprobs,
         )

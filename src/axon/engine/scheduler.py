@@ -189,8 +189,10 @@ class Scheduler:
             if self._waits_for_parent(seq):
                 skipped.append(self.waiting.popleft())
                 continue
-            # Mean pooling needs every prompt row's hidden state: no prefix-cache hits for it.
-            looked_up = not seq.block_table and seq.pooling != "mean"
+            # Mean pooling needs every prompt row's hidden state, prompt logprobs every prompt
+            # row's logits: no prefix-cache hits for them.
+            every_row = seq.pooling == "mean" or seq.wants_prompt_logprobs
+            looked_up = not seq.block_table and not every_row
             if looked_up:
                 self._match_prefix(seq)
             num_new = self._chunk_size(seq, budget)

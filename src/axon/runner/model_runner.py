@@ -20,6 +20,7 @@ from axon.models.registry import get_model_class
 from axon.models.weights import load_weights
 from axon.runner import adaptive_threads, decode_batch, heap, host_memory, images, tensor_parallel
 from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
+from axon.runner.prompt_logprobs import PromptRows, find_prompt_rows, score_prompt_rows
 from axon.sampling import Sampler
 from axon.sequence import ImageInputs, Sequence
 
@@ -46,6 +47,7 @@ class StepBatch:
     pooling: str | None = None
     pool_segments: torch.Tensor | None = None
     samples_every_row: bool = False  # logits_indices is arange(T): no gather of rows needed
+    prompt: PromptRows | None = None  # rows whose prompt logprobs are asked
 
 
 class ModelRunner:
@@ -232,6 +234,7 @@ class ModelRunner:
             sampling_seqs,
             [(base + index, slot) for slot, index in out.state_restores],
             end_saves,
+            prompt=find_prompt_rows(out, self.device),
         )
         self._add_images(batch, out)
         return batch
@@ -315,9 +318,8 @@ class ModelRunner:
         """[T] from each sequence's cache slots: an int (a decode) or a tensor (a chunk)."""
         if all(isinstance(slot, int) for slot in slots):  # decode only
             return self._tensor(slots)
-        return torch.cat([torch.tensor([s]) if isinstance(s, int) else s for s in slots]).to(
-            self.device
-        )
+        parts = [torch.tensor([s]) if isinstance(s, int) else s for s in slots]
+        return torch.cat(parts).to(self.device)
 
     def _decode_metadata(self, rows: list[int], seqs: list[Sequence]) -> dict:
         if not rows:
@@ -344,9 +346,8 @@ class ModelRunner:
         }
 
     def _state_slot_tensor(self, seqs: list[Sequence]) -> torch.Tensor | None:
-        if not seqs or seqs[0].state_slot is None:
-            return None
-        return self._tensor([seq.state_slot for seq in seqs])
+        has_slots = seqs and seqs[0].state_slot is not None
+        return self._tensor([seq.state_slot for seq in seqs]) if has_slots else None
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -382,6 +383,7 @@ class ModelRunner:
         self._copy_states(batch.state_saves)
         if batch.pooling is not None:
             return self.pool(hidden, batch)
+        score_prompt_rows(self.model, hidden, batch.prompt)  # prompt logprobs, when asked
         if not batch.samples_every_row:
             hidden = hidden[batch.logits_indices]  # [B, hidden]
         return self.model.compute_logits(hidden)

@@ -21,9 +21,10 @@ def chat_prompt(
 ) -> tuple[str, list[int]]:
     """The rendered prompt and its token ids (the template adds the special tokens itself)."""
     messages = [message.template_dict() for message in body.messages]
-    text = model.render_chat(
-        messages, body.tools, body.chat_template_kwargs, body.add_generation_prompt
-    )
+    # Passed only when set: a renderer that continues no message need not know the flag.
+    continuing = {"continue_final_message": True} if body.continue_final_message else {}
+    kwargs = body.chat_template_kwargs
+    text = model.render_chat(messages, body.tools, kwargs, body.generation_prompt(), **continuing)
     return text, model.encode(text, add_special_tokens=False, param=param)
 
 

@@ -76,7 +76,7 @@ def _engine_fields(request: SamplingRequest, generation_defaults: dict) -> dict:
         skip_special_tokens=request.skip_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
         logit_bias={int(k): v for k, v in (request.logit_bias or {}).items()} or None,
-        prompt_logprobs=request.prompt_logprobs,
+        prompt_logprobs=request.requested_prompt_logprobs(),
     )
     return values
 
@@ -107,6 +107,9 @@ def build_sampling_params(
     if max_tokens is None:
         max_tokens = max_model_len - prompt_len
     logprobs, logprobs_field = request.requested_logprobs()
+    if request.stream and request.prompt_logprobs is not None:
+        message = "prompt_logprobs are not available when stream is true"
+        raise BadRequest(message, param="prompt_logprobs")
     values = _engine_fields(request, generation_defaults or {})
     if vocab_size and any(token >= vocab_size for token in values["logit_bias"] or ()):
         raise BadRequest(

@@ -289,6 +289,12 @@ def _apply(tokenizer, conversation: list[dict], tools, template: str, kwargs: di
         if type(exc) is not jinja2.TemplateError:  # a bug in the template, not its refusal
             raise ChatTemplateError(_failure(exc)) from exc
         raise ChatTemplateRefused(str(exc)) from exc
+    except ValueError as exc:
+        # transformers cannot find the final message's text in what the template wrote (a
+        # template that rewrites it): that turn cannot be left open.
+        if kwargs.get("continue_final_message") and "continue_final_message" in str(exc):
+            raise ChatTemplateRefused(str(exc)) from exc
+        raise ChatTemplateError(_failure(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - any template error is the request's fault
         raise ChatTemplateError(_failure(exc)) from exc
     if not isinstance(text, str):
@@ -303,17 +309,22 @@ def render_chat(
     chat_template_kwargs: dict | None = None,
     add_generation_prompt: bool = True,
     chat_template: ChatTemplate | None = None,
+    continue_final_message: bool = False,
 ) -> str:
     """The prompt text for OpenAI-shaped `messages` (normalised: messages.normalize_messages),
     rendered by the tokenizer's `apply_chat_template` with `chat_template` (default: the
-    tokenizer's; ChatML, warned once, when there is none). `chat_template_kwargs` reach the
-    template and override the defaults. Raises ChatTemplateRefused when the template refuses
+    tokenizer's; ChatML, warned once, when there is none). With `continue_final_message` the
+    text ends right after the final message's content (transformers cuts it there), its turn
+    left open for the model to continue. `chat_template_kwargs` reach the template and override
+    the defaults. Raises ChatTemplateRefused when the template refuses
     the conversation's shapes (named), ChatTemplateError naming the reason when it fails."""
     if tokenizer is None:
         raise ChatTemplateError("this model has no tokenizer")
     template = _template_for(tokenizer, chat_template, tools)
     extra = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_KWARGS}
     kwargs = {"add_generation_prompt": add_generation_prompt, **extra}
+    if continue_final_message:
+        kwargs["continue_final_message"] = True
     fmt = content_format(template)
     try:
         return _apply(tokenizer, normalize_messages(messages, fmt), tools, template, kwargs)

@@ -182,8 +182,10 @@ class ServedModel:
         tools: list | None = None,
         chat_template_kwargs: dict | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> str:
-        """The prompt text for `messages`; raises BadRequest when the template refuses the
+        """The prompt text for `messages` (the final message left open with
+        `continue_final_message`); raises BadRequest when the template refuses the
         conversation's shape (its own raise_exception), else Unprocessable when it fails."""
         try:
             return render_chat(
@@ -193,6 +195,7 @@ class ServedModel:
                 chat_template_kwargs,
                 add_generation_prompt,
                 chat_template=self.chat_template,
+                continue_final_message=continue_final_message,
             )
         except ChatTemplateRefused as exc:
             raise BadRequest(exc.message, code=exc.code, param="messages") from exc

@@ -14,6 +14,7 @@ from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.chat_pipeline import prepare_chat
 from axon.server.generation import EventStream, Generation, or_disconnect, served_model
 from axon.server.offload import off_loop
+from axon.server.schemas.logprobs import prompt_logprobs_json
 from axon.server.schemas.protocol import (
     ChatCompletionRequest,
     SampleCursor,
@@ -83,7 +84,10 @@ class _ChatContext:
                     "stop_reason": sample.stop_reason,
                 }
             )
-        return self._envelope("chat.completion", choices, usage=self.usage(state))
+        extra = {"usage": self.usage(state)}
+        if state.prompt_logprobs is not None:  # vLLM's, when asked
+            extra["prompt_logprobs"] = prompt_logprobs_json(state.prompt_logprobs)
+        return self._envelope("chat.completion", choices, **extra)
 
 
 def _sample_chunks(context: _ChatContext, sample, cursor: SampleCursor, output: ChoiceOutput):

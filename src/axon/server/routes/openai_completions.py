@@ -26,6 +26,7 @@ from axon.server.generation import (
 from axon.server.offload import off_loop
 from axon.server.reasoning_budget import completion_thinking_fields
 from axon.server.sampling import build_sampling_params, check_prompt_ids
+from axon.server.schemas.logprobs import echo_logprobs, prompt_logprobs_json
 from axon.server.schemas.protocol import (
     CompletionRequest,
     SampleCursor,
@@ -70,10 +71,10 @@ def _prompts(body: CompletionRequest, model) -> list[tuple[str | None, list[int]
 async def create_completion(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), CompletionRequest)
-    if body.echo or body.suffix:
-        raise BadRequest(
-            "echo and suffix are not supported", param="echo" if body.echo else "suffix"
-        )
+    if body.echo and body.stream:
+        raise BadRequest("echo is not supported with stream: true", param="echo")
+    if body.suffix:
+        raise BadRequest("suffix is not supported", param="suffix")
     model = served_model(request, body.model)
     prompts, params = await off_loop(_prepare, body, model)
     generations = await or_disconnect(request, start_all(model, prompts, params, started_at))
@@ -157,16 +158,39 @@ class _CompletionContext:
         prompt_tokens = sum(len(state.prompt_token_ids) for state in states)
         generated = sum(len(s.token_ids) for state in states for s in state.samples)
         cached = sum(state.samples[0].num_cached_tokens for state in states)
-        return usage(prompt_tokens, generated, cached)
+        return usage(prompt_tokens, 0 if self.body.echo_only else generated, cached)
 
     def response(self, states: list[RequestState]) -> dict:
         choices = []
         for prompt_index, state in enumerate(states):
             for sample in state.samples:
-                positions = range(len(sample.token_ids))
-                logprobs = self.logprobs(sample, positions, 0)
-                choices.append(self.choice(prompt_index, sample, sample.text, logprobs, True))
+                choice = self.choice(prompt_index, sample, *self._whole(state, sample), True)
+                if self.body.echo_only:
+                    choice["finish_reason"], choice["stop_reason"] = "length", None
+                if state.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = prompt_logprobs_json(state.prompt_logprobs)
+                choices.append(choice)
         return self.body_of(choices, usage=self.usage(states))
+
+    def _whole(self, state: RequestState, sample) -> tuple[str, dict | None]:
+        """A finished sample's text and logprobs, after the prompt's with `echo` (the prompt
+        alone with `max_tokens: 0`: the one token the engine sampled is left out)."""
+        kept = range(0 if self.body.echo_only else len(sample.token_ids))
+        text = sample.text if kept else ""
+        if not self.body.echo:
+            return text, self.logprobs(sample, kept, 0)
+        prompt_ids = state.prompt_token_ids
+        prompt = state.prompt
+        if prompt is None:  # token ids: their text
+            prompt = self.model.tokenizer.decode(prompt_ids) if self.model.tokenizer else ""
+        if self.params.logprobs is None:
+            return prompt + text, None
+        echoed = echo_logprobs(prompt_ids, state.prompt_logprobs, self.params.logprobs, self.decode)
+        offset = sum(len(token) for token in echoed["tokens"])
+        generated = self.logprobs(sample, kept, offset)
+        for key, values in (generated or {}).items():
+            echoed[key].extend(values)
+        return prompt + text, echoed
 
 
 async def _completion_stream(generations: list[Generation], context: _CompletionContext):

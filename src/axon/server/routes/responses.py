@@ -21,7 +21,6 @@ from axon.server.offload import off_loop
 from axon.server.schemas.protocol import (
     ChatCompletionRequest,
     ChatMessage,
-    ResponsesRequest,
     SampleCursor,
     error_body,
     now,
@@ -29,6 +28,7 @@ from axon.server.schemas.protocol import (
     random_id,
     sse,
 )
+from axon.server.schemas.responses import ResponsesRequest
 
 router = APIRouter()
 _TEXT_PARTS = ("input_text", "output_text", "text")

@@ -1,5 +1,7 @@
 """vLLM's utility routes: `POST /tokenize` (a prompt, or chat messages rendered with the model's
-chat template), `POST /detokenize` and `GET /version`, in vLLM's request and response shapes.
+chat template), `POST /detokenize`, `GET /tokenizer_info` and `GET /version`, in vLLM's request
+and response shapes. lm-eval's `remote` tokenizer back-end needs exactly /tokenizer_info,
+/tokenize and /detokenize.
 
 `model` may be left out while exactly one model is served (vLLM serves one). Tokenizing counts
 a text longer than the context too (that is what the route is for) and refuses nothing but bad
@@ -19,7 +21,12 @@ from axon.server.generation import served_model, vocab_size
 from axon.server.images import checked_image_parts, with_images
 from axon.server.offload import off_loop
 from axon.server.schemas.protocol import ChatMessage, OpenAIModel, TokenId, parse_request
-from axon.server.schemas.request_checks import check_content_parts, check_tools
+from axon.server.schemas.request_checks import (
+    check_content_parts,
+    check_continuation,
+    check_tools,
+)
+from axon.tokenizer.chat_template import CHATML_TEMPLATE
 
 router = APIRouter()  # behind the API key
 open_router = APIRouter()
@@ -43,10 +50,12 @@ class TokenizeRequest(OpenAIModel):
     def _one_input(self):
         if (self.prompt is None) == (self.messages is None):
             raise BadRequest("send exactly one of prompt and messages", param="prompt")
-        if self.continue_final_message:
-            raise BadRequest(
-                "continue_final_message is not supported", param="continue_final_message"
-            )
+        if self.continue_final_message and self.messages is None:
+            message = "continue_final_message needs messages"
+            raise BadRequest(message, param="continue_final_message")
+        sent = "add_generation_prompt" in self.model_fields_set and self.add_generation_prompt
+        roles = [message.role for message in self.messages or []]
+        check_continuation(self.continue_final_message, sent, roles)
         if self.chat_template is not None:
             message = "chat_template is not supported per request; set it when loading the model"
             raise BadRequest(message, param="chat_template")
@@ -80,7 +89,9 @@ def _tokenize(model, body: TokenizeRequest) -> dict:
         messages = [message.template_dict() for message in body.messages]
         parts = checked_image_parts(model, messages, "messages")
         kwargs = body.chat_template_kwargs
-        text = model.render_chat(messages, body.tools, kwargs, body.add_generation_prompt)
+        continuing = body.continue_final_message
+        generation_prompt = body.add_generation_prompt and not continuing
+        text = model.render_chat(messages, body.tools, kwargs, generation_prompt, continuing)
         special = bool(body.add_special_tokens)  # the template wrote the special tokens
     else:
         text = body.prompt
@@ -111,6 +122,51 @@ def _detokenize(model, body: DetokenizeRequest) -> dict:
 async def detokenize(request: Request) -> dict:
     body = await off_loop(parse_request, await request.body(), DetokenizeRequest)
     return await off_loop(_detokenize, _model(request, body.model), body)
+
+
+# tokenizer_config.json entries that name files on the server's disk, not the tokenizer.
+_FILE_KWARGS = frozenset({"vocab_file", "merges_file", "tokenizer_file", "name_or_path"})
+_MISSING = object()
+
+
+def _json_value(value: Any) -> Any:
+    """`value` as JSON (an AddedToken as its text, mapping keys as strings); a value JSON
+    cannot hold is left out, as _MISSING."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(getattr(value, "content", None), str):  # an AddedToken
+        return value.content
+    if isinstance(value, dict):
+        pairs = ((str(key), _json_value(item)) for key, item in value.items())
+        return {key: item for key, item in pairs if item is not _MISSING}
+    if isinstance(value, list | tuple):
+        return [item for item in map(_json_value, value) if item is not _MISSING]
+    return _MISSING
+
+
+def _tokenizer_info(model) -> dict:
+    """vLLM's TokenizerInfoResponse: the tokenizer's configuration (its tokenizer_config.json
+    as loaded: special tokens, added tokens, ...), `tokenizer_class`, the chat template the
+    server renders with, and `model_max_length` as the context this model is served with."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise BadRequest(f"model {model.id!r} has no tokenizer", param="model")
+    kwargs = getattr(tokenizer, "init_kwargs", None) or {}
+    info = _json_value({k: v for k, v in kwargs.items() if k not in _FILE_KWARGS})
+    info["tokenizer_class"] = type(tokenizer).__name__
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        info[name] = _json_value(getattr(tokenizer, name, None))
+    template = model.chat_template or getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    info["chat_template"] = template if isinstance(template, str) else CHATML_TEMPLATE
+    info["model_max_length"] = model.max_model_len
+    return info
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request, model: str | None = None) -> dict:
+    return await off_loop(_tokenizer_info, _model(request, model))
 
 
 @open_router.get("/version")

@@ -62,3 +62,34 @@ def completion_logprobs(
         "top_logprobs": top_logprobs,
         "text_offset": offsets,
     }
+
+
+def prompt_logprobs_json(entries: list[dict | None]) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first) or token id -> {logprob,
+    rank, decoded_token}, the prompt's own token and the top ones."""
+    return [
+        None
+        if entry is None
+        else {
+            str(token_id): {
+                "logprob": lp.logprob,
+                "rank": lp.rank,
+                "decoded_token": lp.decoded_token,
+            }
+            for token_id, lp in entry.items()
+        }
+        for entry in entries
+    ]
+
+
+def echo_logprobs(prompt_ids: list[int], entries: list[dict | None], top: int, decode) -> dict:
+    """The legacy completions `logprobs` object of an echoed prompt: its first token has no
+    logprob (null, as OpenAI's), the others theirs under the prompt before them."""
+    first = decode(prompt_ids[0])
+    rest = completion_logprobs(prompt_ids[1:], entries[1:], top, decode, len(first))
+    return {
+        "tokens": [first, *rest["tokens"]],
+        "token_logprobs": [None, *rest["token_logprobs"]],
+        "top_logprobs": [None, *rest["top_logprobs"]],
+        "text_offset": [0, *rest["text_offset"]],
+    }

@@ -34,13 +34,13 @@ from axon.server.schemas.logprobs import chat_logprobs as chat_logprobs
 from axon.server.schemas.logprobs import completion_logprobs as completion_logprobs
 from axon.server.schemas.request_checks import (
     check_content_parts,
+    check_continuation,
     check_response_format,
     check_tool_choice,
     check_tools,
     non_finite_path,
-    text_format_as_response_format,
 )
-from axon.server.schemas.unsupported import CHAT, COMPLETIONS, RESPONSES, refuse_unsupported
+from axon.server.schemas.unsupported import CHAT, COMPLETIONS, refuse_unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class SamplingRequest(OpenAIModel):
     stop: StopString | list[StopString] | None = None
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     logit_bias: dict[TokenIdKey, Bias] | None = Field(None, max_length=MAX_LOGIT_BIAS_ENTRIES)
-    prompt_logprobs: int | None = None  # vLLM's; refused until computed (SamplingParams)
+    prompt_logprobs: int | None = None  # vLLM's: per prompt token, its logprob and top k
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
@@ -155,6 +155,10 @@ class SamplingRequest(OpenAIModel):
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_STRINGS:
             message = f"stop: at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
             raise BadRequest(message, param="stop")
+
+    def requested_prompt_logprobs(self) -> int | None:
+        """How many top logprobs each prompt token gets (None: the prompt is not scored)."""
+        return self.prompt_logprobs
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         """The completion-length cap the request sets (None: as long as the context allows), and
@@ -206,6 +210,7 @@ class ChatCompletionRequest(SamplingRequest):
     # A thinking budget in tokens (vLLM's), or OpenAI's effort mapped to one (reasoning_budget.py).
     thinking_token_budget: int | None = Field(None, ge=0)
     reasoning_effort: str | None = None
+    continue_final_message: bool = False
 
     free_form = ("messages", "tools", "tool_choice", "response_format", "chat_template_kwargs")
     unsupported = CHAT
@@ -214,9 +219,15 @@ class ChatCompletionRequest(SamplingRequest):
         super().check_shapes()
         for index, message in enumerate(self.messages):
             check_content_parts(message.content, f"messages[{index}].content")
+        sent = "add_generation_prompt" in self.model_fields_set and self.add_generation_prompt
+        check_continuation(self.continue_final_message, sent, [m.role for m in self.messages])
         check_tools(self.tools, flat=False)
         check_tool_choice(self.tool_choice)
         check_response_format(self.response_format)
+
+    def generation_prompt(self) -> bool:
+        """Whether the template adds the assistant's header: never while continuing (vLLM's)."""
+        return self.add_generation_prompt and not self.continue_final_message
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         if self.max_completion_tokens is not None:
@@ -250,6 +261,20 @@ class CompletionRequest(SamplingRequest):
 
     unsupported = COMPLETIONS
 
+    @property
+    def echo_only(self) -> bool:
+        """`echo` with `max_tokens: 0`: the answer is the prompt alone (OpenAI's legacy API)."""
+        return self.echo and self.max_tokens == 0
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        # The engine samples one token, which the answer leaves out.
+        return (1 if self.echo_only else self.max_tokens), "max_tokens"
+
+    def requested_prompt_logprobs(self) -> int | None:
+        """vLLM's: `echo` with `logprobs` scores the prompt (as many top logprobs)."""
+        echoed = self.logprobs if self.echo else None
+        return self.prompt_logprobs if self.prompt_logprobs is not None else echoed
+
     def requested_n(self) -> int:
         if self.best_of is not None and self.best_of != self.n:
             raise BadRequest("best_of other than n is not supported", param="best_of")
@@ -257,63 +282,6 @@ class CompletionRequest(SamplingRequest):
 
     def requested_logprobs(self) -> tuple[int | None, str]:
         return self.logprobs, "logprobs"
-
-
-# ---- responses ------------------------------------------------------------------------------
-
-
-class ResponseText(OpenAIModel):
-    """`text`: the output's format. `verbosity` other than OpenAI's default `medium` is a 400:
-    no local model takes it."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-    format: dict[str, Any] | None = None
-    verbosity: str | None = None
-
-
-class ResponseReasoning(OpenAIModel):
-    """`reasoning`: `effort` as chat's reasoning_effort. A summary is never written, so asking
-    for one is a 400."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    effort: str | None = None
-    summary: None = None
-
-
-class ResponsesRequest(SamplingRequest):
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    max_output_tokens: int | None = None
-    previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
-    text: ResponseText | None = None
-    reasoning: ResponseReasoning | None = None
-    metadata: dict[str, str] | None = Field(None, max_length=16)  # echoed in the response
-
-    free_form = ("input", "tools", "tool_choice", "chat_template_kwargs", "text")
-    unsupported = RESPONSES
-
-    def check_shapes(self) -> None:
-        super().check_shapes()
-        check_tools(self.tools, flat=True)
-        check_tool_choice(self.tool_choice)
-        self.response_format()
-        if self.text is not None and self.text.verbosity not in (None, "medium"):
-            message = "text.verbosity is not supported (only 'medium', the default)"
-            raise BadRequest(message, param="text.verbosity")
-
-    def response_format(self) -> dict | None:
-        """`text.format` as chat's `response_format` (None: free text); raises BadRequest."""
-        text_format = self.text.format if self.text is not None else None
-        return text_format_as_response_format(text_format)
-
-    def requested_max_tokens(self) -> tuple[int | None, str]:
-        return self.max_output_tokens, "max_output_tokens"
 
 
 # ---- response bodies ------------------------------------------------------------------------

@@ -170,3 +170,17 @@ def check_content_parts(content: Any, where: str) -> None:
             raise BadRequest(f"{param}.type {kind!r} is not supported", param=f"{param}.type")
         if kind == "text" and not isinstance(part.get("text"), str):
             raise BadRequest(f"{param}.text must be a string", param=f"{param}.text")
+
+
+def check_continuation(continue_final: bool, generation_prompt_sent: bool, roles: list) -> None:
+    """vLLM's rule for `continue_final_message`: not with `add_generation_prompt: true` sent
+    explicitly (left out, it is off while continuing), and only after an assistant message,
+    whose open turn the model then continues. Raises BadRequest naming the field."""
+    if not continue_final:
+        return
+    if generation_prompt_sent:
+        message = "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        raise BadRequest(message, param="continue_final_message")
+    if not roles or roles[-1] != "assistant":
+        message = "continue_final_message needs the last message to be an assistant message"
+        raise BadRequest(message, param="continue_final_message")

@@ -71,7 +71,6 @@ _VLLM_COMMON = {
 CHAT = {
     **_OPENAI_CHAT,
     **_VLLM_COMMON,
-    "continue_final_message": ((False,), "continue_final_message is not supported"),
     "echo": ((False,), "echo is not supported on chat"),
     "documents": ((), "documents are not supported"),
     "chat_template": ((), "a per-request chat_template is not supported"),
