@@ -12,7 +12,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
-from tests.clients.conftest import MODEL_ID, RESULT, assert_chat_tool_loop
+from tests.clients.conftest import MODEL_ID, RESULT, assert_chat_tool_loop, rendered_prompt
 
 agents = pytest.importorskip("agents")
 
@@ -87,3 +87,33 @@ def test_openai_agents_responses_loop(client, recorder):
     assert [i["output"] for i in outputs] == [RESULT]
     # The byte-level tokenizer spells the result (and the call) one token per byte.
     assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"] + len(RESULT)
+
+
+def test_openai_agents_streamed_loop(client, recorder, qwen3_server):
+    """`Runner.run_streamed` (what chat front ends use): the call assembled from stream chunks."""
+    import asyncio
+
+    calls = []
+    agent = agents.Agent(
+        name="weather",
+        instructions="Answer with the weather.",
+        tools=[_weather_tool(calls)],
+        model=agents.OpenAIChatCompletionsModel(model=MODEL_ID, openai_client=client),
+        model_settings=_settings(),
+    )
+
+    async def run():
+        streamed = agents.Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=3)
+        async for _ in streamed.stream_events():
+            pass
+        return streamed
+
+    streamed = asyncio.run(run())
+    assert calls in (["Paris"], ["Rome"])
+    assert isinstance(streamed.final_output, str)
+    posts = recorder.posts("/chat/completions")
+    assert [post.status for post in posts] == [200, 200]
+    assert all(json.loads(post.body)["stream"] for post in posts)
+    second = json.loads(posts[1].body)
+    prompt, _ = rendered_prompt(qwen3_server, second)
+    assert RESULT in prompt
