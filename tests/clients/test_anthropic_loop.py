@@ -47,3 +47,29 @@ def test_anthropic_tool_loop(recorder, qwen3_server):
 def claude_count(server, fields: dict) -> int:
     with anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0) as claude:
         return claude.messages.count_tokens(**fields).input_tokens
+
+
+def test_anthropic_streamed_tool_loop(recorder, qwen3_server):
+    """The same loop streamed, as coding agents run it: the tool_use input assembled from
+    `input_json_delta` events by the client's own stream accumulator."""
+    fields = {"model": MODEL_ID, "tools": [WEATHER]}
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    forced = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+    with anthropic.Anthropic(base_url=recorder.url, api_key="unused", max_retries=0) as claude:
+        with claude.messages.stream(
+            messages=messages, tool_choice=forced, max_tokens=300, **fields
+        ) as stream:
+            first = stream.get_final_message()
+        (use,) = [block for block in first.content if block.type == "tool_use"]
+        jsonschema.validate(use.input, CITY_SCHEMA)
+        messages.append({"role": "assistant", "content": first.content})
+        result = {"type": "tool_result", "tool_use_id": use.id, "content": RESULT}
+        messages.append({"role": "user", "content": [result]})
+        with claude.messages.stream(messages=messages, max_tokens=8, **fields) as stream:
+            second = stream.get_final_message()
+    assert second.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    posts = recorder.posts("/v1/messages")
+    assert [post.status for post in posts] == [200, 200]
+    body = MessagesRequest.model_validate(json.loads(posts[1].body))
+    prompt, _ = rendered_prompt(qwen3_server, {"model": MODEL_ID, "messages": chat_messages(body)})
+    assert RESULT in prompt
