@@ -4,12 +4,13 @@ documented way to vary tool_choice per step), so the second step answers in text
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
 import pytest
 
-from tests.clients.conftest import MODEL_ID, RESULT, assert_chat_tool_loop
+from tests.clients.conftest import MODEL_ID, RESULT, assert_chat_tool_loop, rendered_prompt
 
 pydantic_ai = pytest.importorskip("pydantic_ai")
 
@@ -27,7 +28,7 @@ class ForceWeatherFirst(pydantic_ai.capabilities.AbstractCapability):
         return lambda ctx: {} if _tool_answered(ctx) else {"tool_choice": ["get_weather"]}
 
 
-def test_pydantic_ai_tool_loop(recorder, qwen3_server):
+def _agent(recorder, calls: list[str]):
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
@@ -43,7 +44,6 @@ def test_pydantic_ai_tool_loop(recorder, qwen3_server):
         model_settings=settings,
         capabilities=[ForceWeatherFirst()],
     )
-    calls = []
 
     @agent.tool_plain
     def get_weather(city: Literal["Paris", "Rome"]) -> str:
@@ -51,7 +51,32 @@ def test_pydantic_ai_tool_loop(recorder, qwen3_server):
         calls.append(city)
         return RESULT
 
-    result = agent.run_sync("What is the weather in Paris?")
+    return agent
+
+
+def test_pydantic_ai_tool_loop(recorder, qwen3_server):
+    calls = []
+    result = _agent(recorder, calls).run_sync("What is the weather in Paris?")
     assert calls in (["Paris"], ["Rome"])
     assert isinstance(result.output, str)
     assert_chat_tool_loop(recorder, qwen3_server)
+
+
+def test_pydantic_ai_streamed_tool_loop(recorder, qwen3_server):
+    """`run_stream`: the call assembled from stream chunks, then the answer streamed."""
+    import asyncio
+
+    calls = []
+
+    async def run() -> str:
+        agent = _agent(recorder, calls)
+        async with agent.run_stream("What is the weather in Paris?") as streamed:
+            return await streamed.get_output()
+
+    assert isinstance(asyncio.run(run()), str)
+    assert calls in (["Paris"], ["Rome"])
+    posts = recorder.posts("/chat/completions")
+    assert [post.status for post in posts] == [200, 200]
+    assert all(json.loads(post.body)["stream"] for post in posts)
+    prompt, _ = rendered_prompt(qwen3_server, json.loads(posts[1].body))
+    assert RESULT in prompt
