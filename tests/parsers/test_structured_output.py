@@ -62,8 +62,8 @@ TOOLS = [{"name": "get_weather", "parameters": WEATHER["function"]["parameters"]
 HERMES = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n</tool_call>'
 )
-XML = (
-    '<tool_call>\n<function=get_weather>\n<parameter=city>\n"Rome"\n</parameter>\n'
+XML = (  # a string enum's member bare, as Qwen3.5 writes it and the parser keeps it
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
     "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
 )
 
@@ -87,6 +87,11 @@ XML = (
             True,
         ),
         ({"type": "tool_call", "format": "qwen3_coder", "tools": TOOLS}, XML, True),
+        (
+            {"type": "tool_call", "format": "qwen3_coder", "tools": TOOLS},
+            XML.replace("\nRome\n", '\n"Rome"\n'),
+            False,
+        ),
     ],
 )
 def test_grammar_accepts(ll_tokenizer, spec, text, ok):

@@ -49,6 +49,14 @@ def _hermes_call(tool: dict) -> str:
     return f'<tool_call> "\\n" {_json(schema)} "\\n" </tool_call>'
 
 
+def _string_enum(schema) -> bool:
+    """Whether `schema` is an enum of strings only (its type string or left out)."""
+    if not isinstance(schema, dict) or not schema.get("enum"):
+        return False
+    strings = all(isinstance(member, str) for member in schema["enum"])
+    return strings and schema.get("type", "string") == "string"
+
+
 def _xml_call(tool: dict, rule: str) -> tuple[str, list[str]]:
     """The call's expression and the rules its parameters need."""
     parameters = tool.get("parameters") or {}
@@ -59,6 +67,10 @@ def _xml_call(tool: dict, rule: str) -> tuple[str, list[str]]:
         if isinstance(schema, dict) and schema.get("type") == "string" and "enum" not in schema:
             # Lazy: the shortest text up to the closing tag, which the value includes.
             rules.append(f"{value}[lazy]: /(.|\\n)*\\n<\\/parameter>\\n/")
+        elif _string_enum(schema):
+            # The parser keeps a string parameter's text as written: the bare member, no quotes.
+            members = " | ".join(_literal(member) for member in schema["enum"])
+            rules.append(f'{value}: ({members}) "\\n</parameter>\\n"')
         else:
             json_value = _json(schema if isinstance(schema, dict) else {})
             rules.append(f'{value}: {json_value} "\\n</parameter>\\n"')
