@@ -376,3 +376,15 @@ def test_ten_megabyte_bodies_get_no_5xx(server, path, body):
         failure = _post(http, path, content)
     assert failure is None, _report([f"POST {path} (10 MB) -> {failure}"], server)
     _assert_still_serving(server)
+
+
+def test_structured_output_the_tokenizer_cannot_do_is_a_400(server):
+    """This model's WordPiece vocabulary is one llguidance cannot build a token table from: the
+    engine refuses such a request, and the client hears a 400 naming the reason, not a 503 that
+    reads like a failed engine (which goes on serving)."""
+    body = {**ROUTES["/v1/chat/completions"][1], "response_format": {"type": "json_object"}}
+    with _client(server) as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    assert "structured output is unavailable" in response.json()["error"]["message"]
+    _assert_still_serving(server)

@@ -22,12 +22,8 @@ from openai.types.responses import response_create_params
 from axon.server.sampling import build_sampling_params
 from axon.server.schemas import unsupported
 from axon.server.schemas.anthropic_protocol import MessagesRequest
-from axon.server.schemas.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ResponsesRequest,
-    SamplingRequest,
-)
+from axon.server.schemas.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from axon.server.schemas.responses import ResponsesRequest
 
 from .conftest import MODEL_ID
 

@@ -61,6 +61,11 @@ class EngineError(RuntimeError):
     """The engine failed a request or a command (poisoned, dead, or a step error)."""
 
 
+class EngineRefused(EngineError):
+    """The engine would not take a request as sent (its parameters, not the engine, are at
+    fault): the server answers it as a bad request."""
+
+
 class EngineLoadTimeout(RuntimeError):
     """The engine did not finish loading within its deadline (it was killed)."""
 
@@ -208,7 +213,8 @@ class EngineClient:
                 for request_id in message.request_ids:
                     stream = self._streams.get(request_id)
                     if stream is not None:
-                        stream.put_nowait(EngineError(message.error))
+                        error = EngineRefused if message.refused else EngineError
+                        stream.put_nowait(error(message.error))
             case Reply():
                 future = self._calls.pop(message.call_id, None)
                 if future is not None and not future.done():

@@ -252,7 +252,8 @@ class EngineLoop:
             match message:
                 case AddRequest():
                     self.core.abort([message.request_id])
-                    self._send(Failed([message.request_id], text))
+                    refused = isinstance(exc, ValueError)
+                    self._send(Failed([message.request_id], text, refused))
                 case Call():
                     self._send(Reply(message.call_id, False, text))
 

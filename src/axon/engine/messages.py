@@ -23,7 +23,9 @@ From the engine, while it loads:
 then, until it exits:
 
     Updates(updates)             one step's TokenUpdates, one per sample the step scheduled
-    Failed(request_ids, error)   these requests end with this error; nothing more comes for them
+    Failed(request_ids, error, refused)
+                                 these requests end with this error; nothing more comes for them
+                                 (refused: the request itself was invalid for this engine)
     Reply(call_id, ok, payload)  a Call's result (ok) or its error's text (not ok)
     Poisoned(error)              a device fault: the engine only drains from now on, every
                                  message but Call("shutdown") fails
@@ -150,10 +152,13 @@ class Updates(Message):
 
 @dataclass(slots=True)
 class Failed(Message):
-    """These requests end with `error`."""
+    """These requests end with `error`. `refused`: the engine would not take the request as
+    sent (a ValueError while adding it, e.g. structured output this model's tokenizer cannot
+    do): the client's fault, not the engine's."""
 
     request_ids: list[str]
     error: str
+    refused: bool = False
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from axon.config import EngineConfig
-from axon.engine.client import EngineClient, EngineError, Liveness
+from axon.engine.client import EngineClient, EngineError, EngineRefused, Liveness
 from axon.engine.output_processor import RequestState
 from axon.sampling_params import SamplingParams
 from axon.server.errors import (
@@ -302,6 +302,8 @@ class ServedModel:
                 yield state
                 if state.finished:
                     break
+        except EngineRefused as exc:
+            raise BadRequest(f"model {self.id!r} cannot serve this request: {exc}") from exc
         except EngineError as exc:
             raise EngineDead(f"model {self.id!r} failed: {exc}") from exc
         finally:
