@@ -7,17 +7,14 @@ schema (`additionalProperties: false`) and the first step forces it."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
 
-from llama_cpp_sdist import extract_llama_cpp
-from tests.parsers.conftest import MODEL_ID, write_byte_model
+from tests.parsers.conftest import MODEL_ID, byte_model_with_corpus_template
 from tests.server.conftest import start_server, stop_server
 
 __all__ = ["MODEL_ID"]
@@ -87,12 +84,7 @@ _HOP = {"host", "content-length", "transfer-encoding", "connection", "content-en
 
 @pytest.fixture(scope="session")
 def qwen3_server(tmp_path_factory: pytest.TempPathFactory):
-    templates = extract_llama_cpp(
-        "models/templates/", lambda rest: rest.endswith(".jinja"), suffix="-templates"
-    )
-    model = write_byte_model(tmp_path_factory.mktemp("tiny_qwen3_clients"))
-    # chat_template.jinja wins over the tokenizer config's template (transformers' precedence).
-    shutil.copyfile(templates / TEMPLATE, Path(model) / "chat_template.jinja")
+    model = byte_model_with_corpus_template(tmp_path_factory.mktemp("tiny_qwen3_clients"), TEMPLATE)
     running = start_server(model)
     yield running
     stop_server(running)

@@ -8,16 +8,13 @@ One server per case (a few seconds each to start), hence slow."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
 
-from llama_cpp_sdist import extract_llama_cpp
 from tests.clients.conftest import CITY_SCHEMA, MODEL_ID, RESULT
-from tests.parsers.conftest import write_byte_model
+from tests.parsers.conftest import byte_model_with_corpus_template
 from tests.server.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -43,13 +40,8 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: case[0].removesuffix(".jinja"))
 def template_case(request, tmp_path_factory: pytest.TempPathFactory):
-    templates = extract_llama_cpp(
-        "models/templates/", lambda rest: rest.endswith(".jinja"), suffix="-templates"
-    )
-    model = write_byte_model(tmp_path_factory.mktemp("tiny_template_loop"))
-    # chat_template.jinja wins over the tokenizer config's template (transformers' precedence).
     template, schema = request.param
-    shutil.copyfile(templates / template, Path(model) / "chat_template.jinja")
+    model = byte_model_with_corpus_template(tmp_path_factory.mktemp("tiny_template_loop"), template)
     running = start_server(model)
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
     yield running, tool

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from llama_cpp_sdist import extract_llama_cpp
 from tests.server.conftest import start_server, stop_server
 from tiny_configs import BYTE_QWEN3
 
@@ -82,3 +84,15 @@ def byte_client(byte_server):
 
     with OpenAI(base_url=byte_server.openai_url, api_key="unused", max_retries=0, timeout=120) as c:
         yield c
+
+
+def byte_model_with_corpus_template(path: Path, template: str) -> Path:
+    """The byte-level tiny Qwen3 at `path` carrying `template` (a file of llama.cpp's template
+    corpus) as its chat template: real templates on a model that decodes bytes."""
+    templates = extract_llama_cpp(
+        "models/templates/", lambda rest: rest.endswith(".jinja"), suffix="-templates"
+    )
+    model = write_byte_model(path)
+    # chat_template.jinja wins over the tokenizer config's template (transformers' precedence).
+    shutil.copyfile(templates / template, Path(model) / "chat_template.jinja")
+    return model

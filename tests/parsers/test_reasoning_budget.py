@@ -6,14 +6,11 @@ template (llama.cpp's corpus), which opens `<think>` in the prompt, through the 
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import httpx
 import pytest
 
-from llama_cpp_sdist import extract_llama_cpp
-from tests.parsers.conftest import MARKERS, MODEL_ID, write_byte_model
+from tests.parsers.conftest import MARKERS, MODEL_ID, byte_model_with_corpus_template
 from tests.server.conftest import _serve_args, _wait_until_serving, spawn_serve, stop_server
 
 pytestmark = pytest.mark.slow
@@ -28,11 +25,9 @@ MESSAGES = [{"role": "user", "content": "Think, then answer."}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    templates = extract_llama_cpp(
-        "models/templates/", lambda rest: rest.endswith(".jinja"), suffix="-templates"
+    model = byte_model_with_corpus_template(
+        tmp_path_factory.mktemp("tiny_qwen35_template"), TEMPLATE
     )
-    model = write_byte_model(tmp_path_factory.mktemp("tiny_qwen35_template"))
-    shutil.copyfile(templates / TEMPLATE, Path(model) / "chat_template.jinja")
     budgets = ",".join(f"{effort}={n}" for effort, n in EFFORT_BUDGETS.items())
     args = [*_serve_args(model), "--reasoning-effort-budgets", budgets]
     running = spawn_serve(args, {"AXON_ALLOWED_LOCAL_MODEL_PATHS": str(model)})

@@ -5,15 +5,12 @@ carrying Qwen3's real chat template (llama.cpp's corpus): a forced call, then th
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
 
-from llama_cpp_sdist import extract_llama_cpp
-from tests.parsers.conftest import MODEL_ID, write_byte_model
+from tests.parsers.conftest import MODEL_ID, byte_model_with_corpus_template
 from tests.server.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -36,12 +33,9 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 @pytest.fixture(scope="module")
 def qwen3_template_server(tmp_path_factory: pytest.TempPathFactory):
-    templates = extract_llama_cpp(
-        "models/templates/", lambda rest: rest.endswith(".jinja"), suffix="-templates"
+    model = byte_model_with_corpus_template(
+        tmp_path_factory.mktemp("tiny_qwen3_real_template"), TEMPLATE
     )
-    model = write_byte_model(tmp_path_factory.mktemp("tiny_qwen3_real_template"))
-    # chat_template.jinja wins over the tokenizer config's template (transformers' precedence).
-    shutil.copyfile(templates / TEMPLATE, Path(model) / "chat_template.jinja")
     running = start_server(model)
     yield running
     stop_server(running)
