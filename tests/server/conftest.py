@@ -155,12 +155,15 @@ def start_server(model_dir: Path, env: dict[str, str] | None = None) -> Server:
     return server
 
 
-def spawn_serve(args: list[str], env: dict[str, str] | None = None, kind=None) -> Server:
-    """`axon serve ARGS` in its own session; returns (as `kind`, default Server) once it says
-    where it listens."""
+def spawn_serve(
+    args: list[str], env: dict[str, str] | None = None, kind=None, cwd: Path | None = None
+) -> Server:
+    """`axon serve ARGS` (in `cwd`) in its own session; returns (as `kind`, default Server) once
+    it says where it listens."""
     process = subprocess.Popen(
         [sys.executable, "-m", "axon", "serve", *args],
         env=_server_env(env),
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -435,7 +435,9 @@ def test_http_loads_are_untrusted_and_templates_are_read_once(tmp_path):
     from axon.server.serve import load_default_models
 
     async def scenario():
-        harness = Harness(allowed_local_model_paths=(str(tmp_path),))
+        harness = Harness(
+            allowed_local_model_paths=(str(tmp_path),), chat_template_dir=str(tmp_path)
+        )
         (tmp_path / "t.jinja").write_text("T {{ messages }}")
         operator = ModelSpec(model_id="org/a", chat_template=str(tmp_path / "t.jinja"))
         await load_default_models(harness.registry, [operator], ActivationTracker())

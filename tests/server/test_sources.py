@@ -27,10 +27,10 @@ from axon.server.lifecycle.sources import (
     parse_model_ref,
     plan_files,
     quant_label,
-    read_chat_template,
     resolve_model,
     resolve_source,
 )
+from axon.server.lifecycle.templates import read_chat_template
 from axon.server.schemas.node_protocol import ModelSpec
 from tests.model.tiny_models import get_tiny_model
 
@@ -215,7 +215,7 @@ def test_default_roots_and_repo_ids(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AXON_CACHE_DIR", str(tmp_path / "axon"))
     roots = allowed_local_roots(ServerConfig(), {"HF_HUB_CACHE": str(tmp_path / "hub")})
-    assert roots == (Path.cwd(), tmp_path / "hub", tmp_path / "axon" / "models")
+    assert roots == (tmp_path / "hub", tmp_path / "axon" / "models")  # not the working dir
     configured = ServerConfig(allowed_local_model_paths=("~/m", "rel"))
     assert allowed_local_roots(configured, {}) == (Path.home() / "m", tmp_path / "rel")
     assert is_repo_id("Org/Name") and is_repo_id("mirror:Org/Name@v1")
@@ -247,22 +247,32 @@ def test_422s_list_no_files_outside_the_roots(tmp_path):
         resolve_model(ModelSpec(model_id=str(outside), quant="nope"), config, trusted=True)
 
 
-def _template(path, config, trusted=False):
+def _template(path, config, trusted=False, model_path=None):
     spec = ModelSpec(model_id="Org/Name", chat_template=str(path))
-    return read_chat_template(spec, config, {}, trusted=trusted)
+    return read_chat_template(spec, config, {}, trusted=trusted, model_path=model_path)
 
 
 def test_chat_template_file_rules(tmp_path):
     config = ServerConfig(allowed_local_model_paths=(str(tmp_path),))
-    (tmp_path / "t.jinja").write_text("{{ messages }}")
-    assert _template(tmp_path / "t.jinja", config) == "{{ messages }}"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "t.jinja").write_text("{{ messages }}")
+    for name in ("t.jinja", model / "t.jinja"):  # in the model's folder
+        assert _template(name, config, model_path=model) == "{{ messages }}"
+    assert _template("{{ messages }}", config) == "{{ messages }}"  # template text
     assert read_chat_template(ModelSpec(model_id="Org/Name"), config, {}) is None
-    with pytest.raises(PathNotAllowed) as info:
-        _template("/etc/passwd", config)
-    assert info.value.param == "chat_template"
-    (tmp_path / "big.jinja").write_text("x" * ((1 << 20) + 1))
+    (tmp_path / "beside.jinja").write_text("{{ messages }}")
+    for name in ("/etc/passwd", tmp_path / "beside.jinja", "../beside.jinja"):
+        with pytest.raises(PathNotAllowed) as info:
+            _template(name, config, model_path=model)  # outside the model's folder
+        assert info.value.param == "chat_template"
+    templates = ServerConfig(
+        allowed_local_model_paths=(str(tmp_path),), chat_template_dir=str(tmp_path)
+    )
+    assert _template("beside.jinja", templates, model_path=model) == "{{ messages }}"
+    (model / "big.jinja").write_text("x" * ((1 << 20) + 1))
     with pytest.raises(BadRequest, match="1 MiB"):
-        _template(tmp_path / "big.jinja", config)
+        _template("big.jinja", config, model_path=model)
     outside = tmp_path.parent / f"{tmp_path.name}-outside.jinja"
     outside.write_text("trusted")
     assert _template(outside, config, trusted=True) == "trusted"
