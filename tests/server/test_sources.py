@@ -4,6 +4,7 @@ HF-compatible registry on loopback (the endpoints huggingface_hub calls), never 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import threading
@@ -18,7 +19,11 @@ from fastapi.responses import JSONResponse
 from axon.server.config import ServerConfig, SourceConfig
 from axon.server.errors import BadRequest, Unprocessable
 from axon.server.lifecycle import local_paths
-from axon.server.lifecycle.local_paths import PathNotAllowed, list_checkpoint_files
+from axon.server.lifecycle.local_paths import (
+    PathNotAllowed,
+    check_model_files,
+    list_checkpoint_files,
+)
 from axon.server.lifecycle.sources import (
     allowed_local_roots,
     is_repo_id,
@@ -494,3 +499,39 @@ def test_local_directory_quant_pick(tmp_path):
     assert info.value.status_code == 422 and body["kind"] == "quant_not_found"
     assert body["available"] == ["F16", "Q4_K_M", "Q8_0"] and body["suggestion"] == "Q4_K_M"
     assert "did you mean 'Q4_K_M'" in body["message"]
+
+
+def test_model_files_must_resolve_inside_the_roots(tmp_path):
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    (allowed / "blobs").mkdir(parents=True)
+    (outside / "dir").mkdir(parents=True)
+    (outside / "secret").write_text("s")
+    (allowed / "blobs" / "abc").write_text("{}")
+
+    def model(name: str, **links: Path) -> Path:
+        folder = allowed / name
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x")
+        for entry, target in links.items():
+            (folder / entry.replace("__", "/").replace("_dot_", ".")).symlink_to(target)
+        return folder
+
+    roots = (allowed,)
+    check_model_files(model("snapshot", config_dot_json=allowed / "blobs" / "abc"), roots, "m")
+    for name, links in {
+        "template": {"chat_template_dot_jinja": outside / "secret"},
+        "missing": {"config_dot_json": outside / "missing"},  # existing or not: alike
+        "linked-dir": {"sub": outside / "dir"},
+    }.items():
+        with pytest.raises(PathNotAllowed) as info:
+            check_model_files(model(name, **links), roots, "m")
+        assert info.value.param == "model_id" and str(outside) not in info.value.message
+    indexed = model("indexed")
+    index = {"weight_map": {"w": "../../outside/secret"}}
+    (indexed / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(PathNotAllowed):
+        check_model_files(indexed, roots, "m")
+    gguf_folder = model("gguf", tokenizer_dot_json=outside / "secret")
+    (gguf_folder / "m.gguf").write_bytes(b"x")
+    with pytest.raises(PathNotAllowed):  # a GGUF file's tokenizer files sit beside it
+        check_model_files(gguf_folder / "m.gguf", roots, "m")

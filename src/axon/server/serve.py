@@ -23,6 +23,7 @@ import socket
 import sys
 
 from axon.demo import DEMO_MODEL_ID, demo_model_path
+from axon.server import access_log
 from axon.server.config import ServerConfig, load_config
 from axon.server.errors import AxonHTTPError, ModelUnavailable
 from axon.server.lifecycle.early_engine import spawn_first_model
@@ -277,6 +278,7 @@ def _make_server(config: ServerConfig, state):
         # first, never racing a request onto a connection the server is closing.
         timeout_keep_alive=KEEP_ALIVE_S,
     )
+    access_log.install()  # uvicorn.Config has just configured its loggers
     return Server(uv_config)
 
 
