@@ -262,7 +262,7 @@ def test_chat_template_file_rules(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "t.jinja").write_text("{{ messages }}")
-    for name in ("t.jinja", model / "t.jinja"):  # in the model's folder
+    for name in ("t.jinja", "./t.jinja", model / "t.jinja"):  # in the model's folder
         assert _template(name, config, model_path=model) == "{{ messages }}"
     assert _template("{{ messages }}", config) == "{{ messages }}"  # template text
     assert read_chat_template(ModelSpec(model_id="Org/Name"), config, {}) is None
@@ -276,8 +276,9 @@ def test_chat_template_file_rules(tmp_path):
     )
     assert _template("beside.jinja", templates, model_path=model) == "{{ messages }}"
     (model / "big.jinja").write_text("x" * ((1 << 20) + 1))
-    with pytest.raises(BadRequest, match="1 MiB"):
-        _template("big.jinja", config, model_path=model)
+    for big in ("big.jinja", "{{ x }}" * (1 << 18)):  # a file, or text
+        with pytest.raises(BadRequest, match="1 MiB"):
+            _template(big, config, model_path=model)
     outside = tmp_path.parent / f"{tmp_path.name}-outside.jinja"
     outside.write_text("trusted")
     assert _template(outside, config, trusted=True) == "trusted"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from axon.server.config import ServerConfig
 from axon.server.errors import BadRequest
-from axon.server.lifecycle.local_paths import PATH_PREFIXES, PathNotAllowed, local_model_path, shown
+from axon.server.lifecycle.local_paths import PathNotAllowed, local_model_path, shown
 from axon.server.lifecycle.sources import model_file_roots
 from axon.server.schemas.node_protocol import ModelSpec
 from axon.tokenizer.chat_template import MAX_TEMPLATE_FILE_BYTES, ChatTemplate, load_template_file
@@ -38,9 +38,8 @@ def check_chat_template(
     trusted: bool = False,
 ) -> None:
     """Refuses, before the model is resolved or anything downloaded and without touching the
-    disk, what no model folder could make right: template text over 1 MiB, and a file name
-    spelled as a path outside every root and `chat_template_dir` (PathNotAllowed, param
-    `chat_template`)."""
+    disk, what no model folder could make right: template text over 1 MiB, and an absolute file
+    name outside every root and `chat_template_dir` (PathNotAllowed, param `chat_template`)."""
     value = spec.chat_template
     if value is None or trusted:
         return
@@ -50,7 +49,7 @@ def check_chat_template(
         return
     if "\0" in value or len(value) > 4096:
         raise _refused(value)
-    if value.startswith(PATH_PREFIXES):
+    if os.path.isabs(os.path.expanduser(value)):  # a relative name is the model folder's
         environ = os.environ if environ is None else environ
         bases = [*model_file_roots(config, environ)]
         if config.chat_template_dir is not None:
