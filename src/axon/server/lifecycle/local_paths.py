@@ -150,12 +150,13 @@ def check_model_files(path: Path, roots: tuple[Path, ...], model_id: str) -> Non
             )
 
     check(path.name if path.is_file() else ".")
-    _walk_folder(folder, model_id, check)
+    # A GGUF file's folder may be a root holding other models: only its own level is read.
+    _walk_folder(folder, model_id, check, descend=not path.is_file())
     for name in _indexed_shards(folder):
         check(name)
 
 
-def _walk_folder(folder: Path, model_id: str, check) -> None:
+def _walk_folder(folder: Path, model_id: str, check, descend: bool) -> None:
     # A directory (a symlinked one too) is entered only once its own entry passed `check`, so
     # nothing outside the roots is ever listed.
     pending, seen = [(folder, "")], 0
@@ -172,7 +173,7 @@ def _walk_folder(folder: Path, model_id: str, check) -> None:
                             param="model_id",
                         )
                     check(prefix + entry.name)
-                    if not prefix and entry.is_dir():
+                    if descend and not prefix and entry.is_dir():
                         pending.append((Path(entry.path), entry.name + "/"))
         except OSError as exc:
             if directory == folder:
