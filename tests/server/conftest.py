@@ -120,7 +120,7 @@ def _server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _read_log(process: subprocess.Popen, log: list[str], port_found: threading.Event) -> None:
-    for line in process.stderr:
+    for line in process.stderr or process.stdout:
         log.append(line)
         if "listening on http://" in line:
             port_found.set()
@@ -155,15 +155,23 @@ def start_server(model_dir: Path, env: dict[str, str] | None = None) -> Server:
     return server
 
 
-def spawn_serve(args: list[str], env: dict[str, str] | None = None, kind=None) -> Server:
-    """`axon serve ARGS` in its own session; returns (as `kind`, default Server) once it says
-    where it listens."""
+def spawn_serve(
+    args: list[str],
+    env: dict[str, str] | None = None,
+    kind=None,
+    cwd: Path | None = None,
+    stdout_too: bool = False,
+) -> Server:
+    """`axon serve ARGS` (in `cwd`) in its own session; returns (as `kind`, default Server) once
+    it says where it listens. Its log is its stderr, and its stdout too (uvicorn's access log)
+    with `stdout_too`."""
     process = subprocess.Popen(
         [sys.executable, "-m", "axon", "serve", *args],
         env=_server_env(env),
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE if stdout_too else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if stdout_too else subprocess.PIPE,
         text=True,
         start_new_session=True,
     )

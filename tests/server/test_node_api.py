@@ -277,6 +277,47 @@ def test_poison_seen_by_get_triggers_recovery():
     run(scenario())
 
 
+def test_a_failed_recovery_is_retried_with_backoff_then_failed():
+    from axon.server.lifecycle.recovery import RECOVERY_MAX_DELAY_S, retry_delay_s
+
+    assert [retry_delay_s(n, 1.0) for n in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 4.0]
+    assert retry_delay_s(50, 1.0) == RECOVERY_MAX_DELAY_S
+
+    async def scenario():
+        harness = Harness(recovery_attempts=3, recovery_backoff_s=0.01)
+        start, failures = harness.start, [0]
+
+        async def flaky(model_id, *args, **kwargs):
+            if failures[0]:
+                failures[0] -= 1
+                raise RuntimeError("no *.safetensors files")
+            return await start(model_id, *args, **kwargs)
+
+        harness.registry._start = flaky
+        for fails, final in ((2, "loaded"), (3, "failed")):
+            model = await harness.registry.load(harness_spec(final))
+            failures[0] = fails
+            model.status = "poisoned"
+            model.on_poisoned("engine process killed by SIGKILL")
+            for _ in range(200):
+                if harness.registry.status(final) not in ("poisoned", "recovering"):
+                    break
+                await asyncio.sleep(0.01)
+            (info,) = [i for i in await harness.registry.infos() if i.id == final]
+            assert info.status == final
+        assert info.recovery_attempt == 3 and info.recovery_attempts == 3
+        assert "attempt 3 of 3 failed" in info.error and "safetensors" in info.error
+        with pytest.raises(ModelUnavailable, match="failed"):
+            harness.registry.get("failed")
+        summary = {m["id"]: m for m in harness.registry.summary()}
+        assert summary["loaded"] == {"id": "loaded", "status": "loaded"}
+        assert summary["failed"]["status"] == "failed" and summary["failed"]["error"]
+        await harness.registry.load(harness_spec("failed"))  # a failed model loads afresh
+        assert harness.registry.status("failed") == "loaded"
+
+    run(scenario())
+
+
 def test_unload_all_closes_the_registry():
     async def scenario():
         harness = Harness()
@@ -435,7 +476,9 @@ def test_http_loads_are_untrusted_and_templates_are_read_once(tmp_path):
     from axon.server.serve import load_default_models
 
     async def scenario():
-        harness = Harness(allowed_local_model_paths=(str(tmp_path),))
+        harness = Harness(
+            allowed_local_model_paths=(str(tmp_path),), chat_template_dir=str(tmp_path)
+        )
         (tmp_path / "t.jinja").write_text("T {{ messages }}")
         operator = ModelSpec(model_id="org/a", chat_template=str(tmp_path / "t.jinja"))
         await load_default_models(harness.registry, [operator], ActivationTracker())

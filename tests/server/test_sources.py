@@ -4,6 +4,7 @@ HF-compatible registry on loopback (the endpoints huggingface_hub calls), never 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import threading
@@ -18,7 +19,11 @@ from fastapi.responses import JSONResponse
 from axon.server.config import ServerConfig, SourceConfig
 from axon.server.errors import BadRequest, Unprocessable
 from axon.server.lifecycle import local_paths
-from axon.server.lifecycle.local_paths import PathNotAllowed, list_checkpoint_files
+from axon.server.lifecycle.local_paths import (
+    PathNotAllowed,
+    check_model_files,
+    list_checkpoint_files,
+)
 from axon.server.lifecycle.sources import (
     allowed_local_roots,
     is_repo_id,
@@ -27,10 +32,10 @@ from axon.server.lifecycle.sources import (
     parse_model_ref,
     plan_files,
     quant_label,
-    read_chat_template,
     resolve_model,
     resolve_source,
 )
+from axon.server.lifecycle.templates import read_chat_template
 from axon.server.schemas.node_protocol import ModelSpec
 from tests.model.tiny_models import get_tiny_model
 
@@ -215,7 +220,7 @@ def test_default_roots_and_repo_ids(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AXON_CACHE_DIR", str(tmp_path / "axon"))
     roots = allowed_local_roots(ServerConfig(), {"HF_HUB_CACHE": str(tmp_path / "hub")})
-    assert roots == (Path.cwd(), tmp_path / "hub", tmp_path / "axon" / "models")
+    assert roots == (tmp_path / "hub", tmp_path / "axon" / "models")  # not the working dir
     configured = ServerConfig(allowed_local_model_paths=("~/m", "rel"))
     assert allowed_local_roots(configured, {}) == (Path.home() / "m", tmp_path / "rel")
     assert is_repo_id("Org/Name") and is_repo_id("mirror:Org/Name@v1")
@@ -247,22 +252,33 @@ def test_422s_list_no_files_outside_the_roots(tmp_path):
         resolve_model(ModelSpec(model_id=str(outside), quant="nope"), config, trusted=True)
 
 
-def _template(path, config, trusted=False):
+def _template(path, config, trusted=False, model_path=None):
     spec = ModelSpec(model_id="Org/Name", chat_template=str(path))
-    return read_chat_template(spec, config, {}, trusted=trusted)
+    return read_chat_template(spec, config, {}, trusted=trusted, model_path=model_path)
 
 
 def test_chat_template_file_rules(tmp_path):
     config = ServerConfig(allowed_local_model_paths=(str(tmp_path),))
-    (tmp_path / "t.jinja").write_text("{{ messages }}")
-    assert _template(tmp_path / "t.jinja", config) == "{{ messages }}"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "t.jinja").write_text("{{ messages }}")
+    for name in ("t.jinja", "./t.jinja", model / "t.jinja"):  # in the model's folder
+        assert _template(name, config, model_path=model) == "{{ messages }}"
+    assert _template("{{ messages }}", config) == "{{ messages }}"  # template text
     assert read_chat_template(ModelSpec(model_id="Org/Name"), config, {}) is None
-    with pytest.raises(PathNotAllowed) as info:
-        _template("/etc/passwd", config)
-    assert info.value.param == "chat_template"
-    (tmp_path / "big.jinja").write_text("x" * ((1 << 20) + 1))
-    with pytest.raises(BadRequest, match="1 MiB"):
-        _template(tmp_path / "big.jinja", config)
+    (tmp_path / "beside.jinja").write_text("{{ messages }}")
+    for name in ("/etc/passwd", tmp_path / "beside.jinja", "../beside.jinja"):
+        with pytest.raises(PathNotAllowed) as info:
+            _template(name, config, model_path=model)  # outside the model's folder
+        assert info.value.param == "chat_template"
+    templates = ServerConfig(
+        allowed_local_model_paths=(str(tmp_path),), chat_template_dir=str(tmp_path)
+    )
+    assert _template("beside.jinja", templates, model_path=model) == "{{ messages }}"
+    (model / "big.jinja").write_text("x" * ((1 << 20) + 1))
+    for big in ("big.jinja", "{{ x }}" * (1 << 18)):  # a file, or text
+        with pytest.raises(BadRequest, match="1 MiB"):
+            _template(big, config, model_path=model)
     outside = tmp_path.parent / f"{tmp_path.name}-outside.jinja"
     outside.write_text("trusted")
     assert _template(outside, config, trusted=True) == "trusted"
@@ -484,3 +500,39 @@ def test_local_directory_quant_pick(tmp_path):
     assert info.value.status_code == 422 and body["kind"] == "quant_not_found"
     assert body["available"] == ["F16", "Q4_K_M", "Q8_0"] and body["suggestion"] == "Q4_K_M"
     assert "did you mean 'Q4_K_M'" in body["message"]
+
+
+def test_model_files_must_resolve_inside_the_roots(tmp_path):
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    (allowed / "blobs").mkdir(parents=True)
+    (outside / "dir").mkdir(parents=True)
+    (outside / "secret").write_text("s")
+    (allowed / "blobs" / "abc").write_text("{}")
+
+    def model(name: str, **links: Path) -> Path:
+        folder = allowed / name
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x")
+        for entry, target in links.items():
+            (folder / entry.replace("__", "/").replace("_dot_", ".")).symlink_to(target)
+        return folder
+
+    roots = (allowed,)
+    check_model_files(model("snapshot", config_dot_json=allowed / "blobs" / "abc"), roots, "m")
+    for name, links in {
+        "template": {"chat_template_dot_jinja": outside / "secret"},
+        "missing": {"config_dot_json": outside / "missing"},  # existing or not: alike
+        "linked-dir": {"sub": outside / "dir"},
+    }.items():
+        with pytest.raises(PathNotAllowed) as info:
+            check_model_files(model(name, **links), roots, "m")
+        assert info.value.param == "model_id" and str(outside) not in info.value.message
+    indexed = model("indexed")
+    index = {"weight_map": {"w": "../../outside/secret"}}
+    (indexed / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(PathNotAllowed):
+        check_model_files(indexed, roots, "m")
+    gguf_folder = model("gguf", tokenizer_dot_json=outside / "secret")
+    (gguf_folder / "m.gguf").write_bytes(b"x")
+    with pytest.raises(PathNotAllowed):  # a GGUF file's tokenizer files sit beside it
+        check_model_files(gguf_folder / "m.gguf", roots, "m")

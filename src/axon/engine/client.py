@@ -24,6 +24,7 @@ import logging
 import multiprocessing as mp
 import multiprocessing.connection
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,24 @@ if TYPE_CHECKING:  # this module stays light: `axon serve` spawns an engine befo
     from axon.config import EngineConfig
 
 logger = logging.getLogger(__name__)
+
+
+EXIT_CODE_WAIT_S = 1.0
+EXIT_CODE_POLL_S = 0.005
+
+
+def describe_exit(exit_code: int | None) -> str:
+    """How a process ended, from its exit code (-N: signal N): `killed by SIGKILL`,
+    `exited with code 1`, or `exited (exit status unknown)`."""
+    if exit_code is None:
+        return "exited (exit status unknown)"
+    if exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        return f"killed by {name}"
+    return f"exited with code {exit_code}"
 
 
 class EngineError(RuntimeError):
@@ -153,6 +172,12 @@ class EngineClient:
             raise RuntimeError(message.error)
         return cls(config, process, parent, message.info, liveness)
 
+    @property
+    def responsive(self) -> bool:
+        """Whether the engine was heard from lately: an idle one sends a heartbeat every
+        `heartbeat_s`, so one silent for two beats (and a second) is stopped or wedged."""
+        return time.monotonic() - self.last_heard < 2 * self.liveness.heartbeat_s + 1
+
     # ---- messages from the engine -----------------------------------------------------------
 
     def _on_readable(self, max_bytes: int | None = None) -> None:
@@ -170,11 +195,20 @@ class EngineClient:
 
     def _on_exit(self) -> None:
         """The process exited: what it wrote before (a `failed` for its requests) still
-        counts, then everything still waiting on it fails."""
+        counts, then everything still waiting on it fails, with how it ended."""
         if self._watching:
             self._on_readable(max_bytes=0)  # all of it, however long
-        self.process.join(0)  # it has exited: this only collects the exit code
-        self._lost(f"engine process died (exit code {self.process.exitcode})")
+        self._stop_watching()
+        self._await_exit_code(time.monotonic() + EXIT_CODE_WAIT_S)
+
+    def _await_exit_code(self, deadline: float) -> None:
+        # The sentinel closes as the process exits, a moment before the kernel has its exit
+        # status to give; poll briefly (off the loop's back) rather than report "None".
+        self.process.join(0)
+        if self.process.exitcode is None and time.monotonic() < deadline:
+            self.loop.call_later(EXIT_CODE_POLL_S, self._await_exit_code, deadline)
+            return
+        self._lost(f"engine process {describe_exit(self.process.exitcode)}")
 
     def _check_deadline(self) -> None:
         silent_s = time.monotonic() - self.last_heard
@@ -311,8 +345,7 @@ class EngineClient:
         """Ask the engine to exit (it frees everything it owns); kill its group if it won't.
         A dead or silent (wedged) engine is killed at once; a poisoned one still exits itself."""
         self.closing = True
-        responsive = time.monotonic() - self.last_heard < 2 * self.liveness.heartbeat_s + 1
-        if not self.dead and responsive and self.process.is_alive():
+        if not self.dead and self.responsive and self.process.is_alive():
             try:
                 await self.call("shutdown", timeout=timeout)
             except (EngineError, TimeoutError, OSError) as exc:
@@ -359,6 +392,6 @@ async def _first_message(conn, process, timeout_s: float, on_progress=None) -> R
                         raise RuntimeError(f"the engine sent {message!r} while loading")
         if process.sentinel in ready:
             await asyncio.to_thread(process.join, 5)
-            raise RuntimeError(f"engine process exited with code {process.exitcode}")
+            raise RuntimeError(f"engine process {describe_exit(process.exitcode)}")
         if time.monotonic() > deadline:
             raise EngineLoadTimeout(f"the engine did not load within {timeout_s:g}s; it was killed")

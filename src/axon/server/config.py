@@ -53,6 +53,10 @@ class ServerConfig:
     # its requests fail with 503, the model recovers); a load may take this long.
     engine_step_timeout_s: float = 120.0
     engine_load_timeout_s: float = 1800.0
+    # A faulted model's recovery: this many engine starts, the first at once, then after
+    # recovery_backoff_s, doubling each time (at most RECOVERY_MAX_DELAY_S); then it is failed.
+    recovery_attempts: int = 5
+    recovery_backoff_s: float = 1.0
     # The HTTP edge: request bodies beyond this are a 413; a client gets this long to send its
     # request line and headers, and this long between two pieces of its body; connections
     # beyond max_connections are answered 503.
@@ -61,8 +65,10 @@ class ServerConfig:
     request_body_timeout_s: float = 30.0
     max_connections: int = 1024
     # Directories that `POST /models/load` may name local models and chat templates in; None:
-    # the working directory, the HF cache and axon's model cache (sources.allowed_local_roots).
+    # the HF cache and axon's model cache (sources.allowed_local_roots).
     allowed_local_model_paths: tuple[str, ...] | None = None
+    # Where a `POST /models/load` may name chat template files besides the model's own folder.
+    chat_template_dir: str | None = None
     # Image URLs (multimodal/fetch.py): data: URIs always; http(s) only to these hosts ("*":
     # any), never to private, loopback or link-local addresses unless allowed; file:// only
     # under allowed_local_media_path. Each image is at most max_image_bytes and is fetched
@@ -87,6 +93,7 @@ class ServerConfig:
         check(self.max_waiting_requests >= 0, "max_waiting_requests", "must be >= 0")
         check(self.max_waiting_tokens >= 1, "max_waiting_tokens", "must be >= 1")
         check(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
+        check(self.recovery_attempts >= 1, "recovery_attempts", "must be >= 1")
         check(bool(self.default_source), "default_source", "must not be empty")
         for name in _POSITIVE_FIELDS:
             check(getattr(self, name) > 0, name, "must be > 0")
@@ -164,7 +171,14 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return merged
 
 
-_STR_FIELDS = {"host", "api_key", "default_source", "log_level", "allowed_local_media_path"}
+_STR_FIELDS = {
+    "host",
+    "api_key",
+    "default_source",
+    "log_level",
+    "allowed_local_media_path",
+    "chat_template_dir",
+}
 _FLOAT_FIELDS = {
     "shutdown_grace_s",
     "engine_step_timeout_s",
@@ -172,6 +186,7 @@ _FLOAT_FIELDS = {
     "request_header_timeout_s",
     "request_body_timeout_s",
     "media_fetch_timeout_s",
+    "recovery_backoff_s",
 }
 _INT_FIELDS = {
     "port",
@@ -180,6 +195,7 @@ _INT_FIELDS = {
     "max_request_body_bytes",
     "max_connections",
     "max_image_bytes",
+    "recovery_attempts",
 }
 _POSITIVE_FIELDS = sorted(
     _FLOAT_FIELDS - {"shutdown_grace_s"}

@@ -168,10 +168,19 @@ class RequestObserver:
 
 
 class EngineStatsCollector:
-    """Exposes the latest engine snapshots (set just before each scrape)."""
+    """Exposes the latest engine snapshot of each model (refreshed by each scrape where the
+    engine answers, kept where it does not) and each model's state."""
 
     def __init__(self) -> None:
         self.snapshots: dict[str, dict] = {}
+        self.states: dict[str, str] = {}  # model -> loaded | unresponsive | recovering | ...
+
+    def update(self, fresh: dict[str, dict], states: dict[str, str]) -> None:
+        """Takes this scrape's snapshots; a model without one keeps its last (a stopped engine
+        keeps its gauges, marked by its state), a model no longer on the node loses its own."""
+        kept = {model: self.snapshots[model] for model in states if model in self.snapshots}
+        self.snapshots = {**kept, **fresh}
+        self.states = dict(states)
 
     def collect(self):
         families = {
@@ -209,7 +218,15 @@ class EngineStatsCollector:
         for model_id, stats in self.snapshots.items():
             for name, family in families.items():
                 family.add_metric([model_id], float(stats.get(keys[name], 0)))
-        yield from families.values()
+        state = GaugeMetricFamily(
+            "axon:model_state",
+            "The model's state (label `state`: loaded, unresponsive: its engine is silent and "
+            "its gauges are the last it reported, loading, poisoned, recovering, failed).",
+            labels=[*_LABELS, "state"],
+        )
+        for model_id, model_state in self.states.items():
+            state.add_metric([model_id, model_state], 1.0)
+        yield from (*families.values(), state)
 
 
 ENGINE_STATS = EngineStatsCollector()
@@ -221,17 +238,24 @@ STATS_TIMEOUT_S = 2.0
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    """Answers from this process's own state: only engines heard from lately are asked for
+    their gauges (bounded); a silent one keeps its last and is marked unresponsive."""
     registry = request.app.state.axon.registry
+    states = {model_id: registry.status(model_id) for model_id in registry.model_ids()}
     models = [m for m in registry.list_models() if m.status == "loaded"]
+    asked = [m for m in models if getattr(m, "responsive", True)]
     # Bounded: a wedged engine must not hold the scrape (the watchdog deals with the engine).
     results = await asyncio.gather(
-        *(asyncio.wait_for(m.stats(), STATS_TIMEOUT_S) for m in models), return_exceptions=True
+        *(asyncio.wait_for(m.stats(), STATS_TIMEOUT_S) for m in asked), return_exceptions=True
     )
-    snapshots = {}
-    for model, result in zip(models, results):
+    fresh = {}
+    for model, result in zip(asked, results):
         if isinstance(result, Exception):
             logger.warning("metrics: no stats from %s: %s", model.id, result)
         else:
-            snapshots[model.id] = result
-    ENGINE_STATS.snapshots = snapshots
+            fresh[model.id] = result
+    for model in models:
+        if model.id not in fresh:
+            states[model.id] = "unresponsive"
+    ENGINE_STATS.update(fresh, states)
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

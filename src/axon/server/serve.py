@@ -23,6 +23,7 @@ import socket
 import sys
 
 from axon.demo import DEMO_MODEL_ID, demo_model_path
+from axon.server import access_log
 from axon.server.config import ServerConfig, load_config
 from axon.server.errors import AxonHTTPError, ModelUnavailable
 from axon.server.lifecycle.early_engine import spawn_first_model
@@ -62,8 +63,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         "--allowed-local-model-path",
         action="append",
         metavar="DIR",
-        help="a directory POST /models/load may name local models and chat templates in "
-        "(repeatable; default: the working directory, the HF cache and axon's model cache)",
+        help="a directory POST /models/load may name local models in (repeatable; default: "
+        "the HF cache and axon's model cache; the working directory only when named)",
+    )
+    parser.add_argument(
+        "--chat-template-dir",
+        metavar="DIR",
+        help="a directory POST /models/load may name chat template files in, besides the "
+        "model's own folder",
     )
     _add_media_args(parser)
     parser.add_argument("--log-level", help="debug, info (default), warning, error")
@@ -136,6 +143,7 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
         allowed_local_model_paths=_tuple_or_none(getattr(ns, "allowed_local_model_path", None)),
         allowed_media_domains=_tuple_or_none(getattr(ns, "allowed_media_domains", None)),
         allowed_local_media_path=getattr(ns, "allowed_local_media_path", None),
+        chat_template_dir=getattr(ns, "chat_template_dir", None),
         engine=engine,
         default_models=models,
         model_aliases=aliases,
@@ -270,6 +278,7 @@ def _make_server(config: ServerConfig, state):
         # first, never racing a request onto a connection the server is closing.
         timeout_keep_alive=KEEP_ALIVE_S,
     )
+    access_log.install()  # uvicorn.Config has just configured its loggers
     return Server(uv_config)
 
 

@@ -5,10 +5,15 @@ a `POST /models/load` are not: once symlinks and `..` are resolved they must lie
 `allowed_local_model_paths`, and one outside them gets the same error as one that does not exist,
 so that the port reveals nothing about the rest of the filesystem. A directory is searched two
 levels deep at most, and only so many entries, so no request can walk a whole tree.
+
+The folder itself is not enough: a symlink inside it (`chat_template.jinja -> /etc/passwd`, a
+config, a weights file, a shard that an index names) would make axon open a file outside the
+roots, so every entry of it that axon may open is resolved and checked too (check_model_files).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -120,3 +125,77 @@ def list_checkpoint_files(directory: Path, model_id: str) -> list[str]:
                     f"cannot list {shown(model_id)}: {why}", param="model_id"
                 ) from None
     return files
+
+
+INDEX_FILE = "model.safetensors.index.json"  # names the shards the loader opens
+MAX_INDEX_BYTES = 64 << 20
+
+
+def check_model_files(path: Path, roots: tuple[Path, ...], model_id: str) -> None:
+    """Raises PathNotAllowed (param model_id) unless every entry of the model's folder that axon
+    may open resolves, symlinks followed, inside `roots`: the folder's entries and those one
+    level down (config, tokenizer files, templates, weights) and the shards its safetensors
+    index names. `path` is a checkpoint directory, or a .gguf file (whose folder holds its
+    tokenizer files). Raises BadRequest for a folder that cannot be listed or is too large."""
+    folder = path if path.is_dir() else path.parent
+    real_roots = [Path(os.path.realpath(root)) for root in roots]
+
+    def check(name: str) -> None:
+        real = Path(os.path.realpath(folder / name))
+        if not any(real.is_relative_to(root) for root in real_roots):
+            raise PathNotAllowed(
+                f"model_id {shown(model_id)}: {shown(name)} in the model's folder leads outside "
+                "the allowed local model paths (allowed_local_model_paths)",
+                param="model_id",
+            )
+
+    check(path.name if path.is_file() else ".")
+    # A GGUF file's folder may be a root holding other models: only its own level is read.
+    _walk_folder(folder, model_id, check, descend=not path.is_file())
+    for name in _indexed_shards(folder):
+        check(name)
+
+
+def _walk_folder(folder: Path, model_id: str, check, descend: bool) -> None:
+    # A directory (a symlinked one too) is entered only once its own entry passed `check`, so
+    # nothing outside the roots is ever listed.
+    pending, seen = [(folder, "")], 0
+    while pending:
+        directory, prefix = pending.pop()
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > MAX_LISTED_ENTRIES:
+                        raise BadRequest(
+                            f"{shown(model_id)}'s folder holds more than {MAX_LISTED_ENTRIES} "
+                            "entries: name a checkpoint directory or a .gguf file in its own",
+                            param="model_id",
+                        )
+                    check(prefix + entry.name)
+                    if descend and not prefix and entry.is_dir():
+                        pending.append((Path(entry.path), entry.name + "/"))
+        except OSError as exc:
+            if directory == folder:
+                why = exc.strerror or str(exc)
+                raise BadRequest(
+                    f"cannot list {shown(model_id)}: {why}", param="model_id"
+                ) from None
+
+
+def _indexed_shards(folder: Path) -> list[str]:
+    """The file names the folder's safetensors index maps weights to; none when it has no
+    readable index (the loader reports a broken one)."""
+    try:
+        fd = os.open(folder / INDEX_FILE, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            return []
+        data = file.read(MAX_INDEX_BYTES + 1)
+    try:
+        weight_map = json.loads(data)["weight_map"]
+        return sorted({str(name) for name in weight_map.values()})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []

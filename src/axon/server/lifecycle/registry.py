@@ -3,8 +3,8 @@
 Each model is independent: resolving and downloading run in a thread, each engine is its own
 process, and nothing here holds a lock across an await, so loading or unloading one model never
 stalls another's requests. A model is `loading`, then `loaded`; a faulted engine makes it
-`poisoned`, and recovery (single-flight, from the retained spec and files) `recovering` until a
-fresh engine is up. A failed recovery leaves the model unloaded, as neuron does.
+`poisoned`, and recovery (recovery.py: single-flight, from the retained spec and files, retried
+with backoff) `recovering` until a fresh engine is up, or `failed` once the attempts are spent.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from typing import Any
 from axon.server.config import ServerConfig
 from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound, ModelUnavailable
 from axon.server.lifecycle import discovery
-from axon.server.lifecycle.sources import read_chat_template, resolve_model
+from axon.server.lifecycle.recovery import Recovery, retrieve_exception
+from axon.server.lifecycle.sources import resolve_model
+from axon.server.lifecycle.templates import check_chat_template, read_chat_template
 from axon.server.schemas.node_protocol import HARNESS, ModelInfo, ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -45,13 +47,14 @@ async def _start_served_model(*args, **kwargs):
 @dataclass
 class _Entry:
     spec: ModelSpec
-    status: str = "loading"  # loading | loaded | poisoned | recovering
+    status: str = "loading"  # loading | loaded | poisoned | recovering | failed
     model: Any = None  # the ServedModel, once started
     model_path: Path | None = None
     chat_template: Any = None  # the spec's template override, read once (recovery reuses it)
     task: asyncio.Task | None = None  # the load or the recovery in progress
     error: str | None = None
     load_progress: tuple[int, int] | None = None  # (bytes of weights loaded, total) meanwhile
+    attempt: int = 0  # the recovery's engine start under way (or the last one), 1-based
 
 
 @dataclass
@@ -92,7 +95,7 @@ class ActivationTracker:
         return snapshot
 
 
-class ModelRegistry:
+class ModelRegistry(Recovery):
     def __init__(
         self, config: ServerConfig, starter: Starter | None = None, resolver: Resolver | None = None
     ):
@@ -123,12 +126,15 @@ class ModelRegistry:
                 param="served_model_name",
             )
         existing = self._entries.get(model_id)
+        if existing is not None and existing.status == "failed":  # loading it again: a fresh start
+            self._drop(model_id, existing)
+            existing = None
         if existing is not None:
             raise BadRequest(f"model {model_id!r} is already {existing.status}", param="model_id")
         entry = _Entry(spec)
         self._entries[model_id] = entry
         entry.task = asyncio.get_running_loop().create_task(self._load(model_id, entry, trusted))
-        entry.task.add_done_callback(_retrieve_exception)
+        entry.task.add_done_callback(retrieve_exception)
         task = entry.task
         try:
             # Shielded: a client that hangs up mid-load must not leave half an engine behind.
@@ -154,10 +160,12 @@ class ModelRegistry:
         return model
 
     def _resolve_files(self, spec: ModelSpec, trusted: bool) -> tuple[Path, Any]:
-        # Blocking file work, in a thread: the template first, so a bad one fails the load
-        # before anything is downloaded.
-        template = read_chat_template(spec, self.config, trusted=trusted)
-        return self._resolve(spec, self.config, trusted=trusted), template
+        # Blocking file work, in a thread. What is wrong with the template whatever the model
+        # fails the load before anything is downloaded; a template file is then looked for in
+        # the model's folder.
+        check_chat_template(spec, self.config, trusted=trusted)
+        path = self._resolve(spec, self.config, trusted=trusted)
+        return path, read_chat_template(spec, self.config, trusted=trusted, model_path=path)
 
     async def _start_model(self, model_id: str, entry: _Entry, previous=None):
         """Starts the model's engine; `previous` (a recovery) lends its tokenizer."""
@@ -251,6 +259,8 @@ class ModelRegistry:
             return entry.model
         if status == "poisoned":
             self._on_poisoned(served_id, entry.model, "engine fault")
+        if status == "failed":
+            raise ModelUnavailable(f"model {shown} failed: {entry.error}; load it again")
         raise ModelUnavailable(
             f"model {shown} is {status}; retry shortly", headers={"Retry-After": RETRY_AFTER_S}
         )
@@ -258,6 +268,10 @@ class ModelRegistry:
     def list_models(self) -> list:
         """The ServedModels ready for requests, in load order."""
         return [e.model for e in self._entries.values() if self._status(e) == "loaded"]
+
+    def model_ids(self) -> list[str]:
+        """Every model in the registry, whatever its status, in load order."""
+        return list(self._entries)
 
     def __contains__(self, model_id: str) -> bool:
         return self.resolve(model_id) in self._entries
@@ -302,7 +316,25 @@ class ModelRegistry:
             engine_pid=getattr(model, "engine_pid", None),
             load_progress=self.load_progress(model_id) if status != "loaded" else None,
             parameter_bytes=getattr(model, "parameter_bytes", None),
+            **self._recovery_fields(entry),
         )
+
+    def _recovery_fields(self, entry: _Entry) -> dict:
+        if entry.status not in ("recovering", "failed"):
+            return {}
+        return {
+            "recovery_attempt": entry.attempt,
+            "recovery_attempts": self.config.recovery_attempts,
+        }
+
+    def summary(self) -> list[dict]:
+        """`/health.models`: each model's id and status (with its recovery's attempt and last
+        failure while it recovers or once it failed); read from this process alone."""
+        return [
+            {"id": model_id, "status": self._status(entry), **self._recovery_fields(entry)}
+            | ({"error": entry.error} if entry.status in ("recovering", "failed") else {})
+            for model_id, entry in self._entries.items()
+        ]
 
     def load_progress(self, model_id: str) -> dict | None:
         """{"loaded_bytes", "total_bytes"} of the weights of a model being loaded (or
@@ -312,41 +344,6 @@ class ModelRegistry:
             return None
         loaded, total = entry.load_progress
         return {"loaded_bytes": loaded, "total_bytes": total}
-
-    # ---- recovery ---------------------------------------------------------------------------
-
-    def _on_poisoned(self, model_id: str, model, reason: str) -> None:
-        """Starts recovery of the model whose engine `model` faulted; once per fault."""
-        entry = self._entries.get(model_id)
-        if entry is None or entry.model is not model or entry.task is not None or self.closed:
-            return
-        logger.error("model %s poisoned (%s); recovering", model_id, reason)
-        entry.status = "poisoned"
-        entry.task = asyncio.get_running_loop().create_task(self._recover(model_id, entry))
-        entry.task.add_done_callback(_retrieve_exception)
-
-    async def _recover(self, model_id: str, entry: _Entry) -> None:
-        """Kills the faulted engine and starts a fresh one from the retained spec and files."""
-        entry.status = "recovering"
-        old, entry.model = entry.model, None
-        try:
-            old.kill()  # the device state is unknown: kill the whole process group at once
-            await old.shutdown(0.0)  # reaps it; its requests have already failed
-        except Exception as exc:
-            logger.warning("stopping the faulted engine of %s failed: %r", model_id, exc)
-        try:
-            model = await self._start_model(model_id, entry, previous=old)
-        except Exception as exc:
-            logger.error("recovery of %s failed; it is unloaded: %s", model_id, exc)
-            self._drop(model_id, entry)
-            return
-        finally:
-            entry.task = None
-        if self._entries.get(model_id) is not entry:  # unloaded while recovering
-            await model.shutdown(0.0)
-            return
-        entry.model, entry.status, entry.error = model, "loaded", None
-        logger.info("model %s recovered", model_id)
 
 
 async def check_placement(spec: ModelSpec) -> None:
@@ -374,10 +371,3 @@ async def check_placement(spec: ModelSpec) -> None:
             code="device_not_found",
             param="devices",
         )
-
-
-def _retrieve_exception(task: asyncio.Task) -> None:
-    # The load's caller may have gone; its failure is logged here rather than as an
-    # "exception was never retrieved" warning.
-    if not task.cancelled() and task.exception() is not None:
-        logger.debug("background task %s failed: %r", task.get_name(), task.exception())

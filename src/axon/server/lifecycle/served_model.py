@@ -174,6 +174,11 @@ class ServedModel:
     async def stats(self) -> dict:
         return await self.client.call("stats")
 
+    @property
+    def responsive(self) -> bool:
+        """Whether its engine was heard from lately (a stopped one is not, until the deadline)."""
+        return self.client.responsive
+
     # ---- prompts ----------------------------------------------------------------------------
 
     def render_chat(

@@ -25,13 +25,12 @@ from axon.server.config import HUGGINGFACE, ServerConfig, SourceConfig
 from axon.server.errors import BadRequest, Unprocessable
 from axon.server.lifecycle.local_paths import (
     PATH_PREFIXES,
+    check_model_files,
     list_checkpoint_files,
     local_model_path,
-    not_allowed,
     shown,
 )
 from axon.server.schemas.node_protocol import ModelSpec
-from axon.tokenizer.chat_template import ChatTemplate, load_template_file
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +94,23 @@ def parse_model_ref(
 
 def allowed_local_roots(config: ServerConfig, environ: Mapping[str, str]) -> tuple[Path, ...]:
     """The directories a `POST /models/load` may name local files in (absolute, symlinks not yet
-    resolved): the configured `allowed_local_model_paths`, else the working directory, the HF
-    cache and axon's model cache (where the demo model is assembled)."""
+    resolved): the configured `allowed_local_model_paths`, else the HF cache and axon's model
+    cache (where the demo model is assembled). The working directory is one only when the
+    operator names it: a server started in a home directory must not serve files from it."""
     paths = config.allowed_local_model_paths
     if paths is None:
-        paths = (os.getcwd(), hf_cache_dir(environ), str(axon_cache_dir() / "models"))
+        paths = (hf_cache_dir(environ), str(axon_cache_dir() / "models"))
     return tuple(Path(os.path.abspath(os.path.expanduser(path))) for path in paths)
+
+
+def model_file_roots(config: ServerConfig, environ: Mapping[str, str]) -> tuple[Path, ...]:
+    """Where the files of a `POST /models/load`'s model may lead, symlinks followed: the allowed
+    roots and the download cache of every source (an hf-hub snapshot links its files to blobs
+    there)."""
+    schemes = {HUGGINGFACE, *(s for s, c in config.sources.items() if c.endpoint)}
+    caches = (resolve_source(scheme, config, environ).cache_dir for scheme in sorted(schemes))
+    extra = tuple(Path(os.path.abspath(cache)) for cache in caches)
+    return allowed_local_roots(config, environ) + extra
 
 
 def is_repo_id(model_id: str) -> bool:
@@ -287,6 +297,16 @@ def resolve_model(
     """
     environ = os.environ if environ is None else environ
     tensor_parallel = spec.tensor_parallel or 1
+    path = _locate(spec, config, environ, trusted)
+    if not trusted:  # before any of its files is read (a GGUF header below)
+        check_model_files(path, model_file_roots(config, environ), spec.model_id)
+    return check_tp_gguf(spec.model_id, path, tensor_parallel)
+
+
+def _locate(
+    spec: ModelSpec, config: ServerConfig, environ: Mapping[str, str], trusted: bool
+) -> Path:
+    tensor_parallel = spec.tensor_parallel or 1
     roots = None if trusted else allowed_local_roots(config, environ)
     local = local_model_path(spec.model_id, roots)
     if local is not None:
@@ -303,8 +323,7 @@ def resolve_model(
             spec.model_id, list_repo_files(ref, source, spec.model_id), spec.quant, tensor_parallel
         )
         snapshot = download(ref, source, plan)
-    path = snapshot / plan.gguf_file if plan.gguf_file else snapshot
-    return check_tp_gguf(spec.model_id, path, tensor_parallel)
+    return snapshot / plan.gguf_file if plan.gguf_file else snapshot
 
 
 def check_tp_gguf(model_id: str, path: Path, tensor_parallel: int) -> Path:
@@ -323,37 +342,14 @@ def check_tp_gguf(model_id: str, path: Path, tensor_parallel: int) -> Path:
     return path
 
 
-def read_chat_template(
-    spec: ModelSpec,
-    config: ServerConfig,
-    environ: Mapping[str, str] | None = None,
-    trusted: bool = False,
-) -> ChatTemplate | None:
-    """The text of `spec.chat_template` (a template file), or None when it names none: read once,
-    under the same path rules as the model's. Blocking; run it in a thread. Raises BadRequest
-    (param `chat_template`) for a path not allowed, a FIFO, a file too large or a bad template."""
-    if spec.chat_template is None:
-        return None
-    environ = os.environ if environ is None else environ
-    roots = None if trusted else allowed_local_roots(config, environ)
-    path = local_model_path(spec.chat_template, roots, param="chat_template")
-    if path is None and roots is not None:  # not a file under the roots
-        raise not_allowed(spec.chat_template, roots, "chat_template")
-    try:
-        return load_template_file(path or spec.chat_template)
-    except ValueError as exc:
-        raise BadRequest(str(exc), param="chat_template") from None
-
-
 def _resolve_local(spec: ModelSpec, path: Path, tensor_parallel: int) -> Path:
     mode = os.stat(path).st_mode
     if stat.S_ISREG(mode):
         if path.suffix.lower() != ".gguf":
             raise BadRequest(f"model file {shown(spec.model_id)} is not a .gguf", param="model_id")
-        return check_tp_gguf(spec.model_id, path, tensor_parallel)
+        return path
     if not stat.S_ISDIR(mode):
         raise BadRequest(f"{shown(spec.model_id)} is not a file or directory", param="model_id")
     files = list_checkpoint_files(path, spec.model_id)
     plan = plan_files(spec.model_id, files, spec.quant, tensor_parallel)
-    path = path / plan.gguf_file if plan.gguf_file else path
-    return check_tp_gguf(spec.model_id, path, tensor_parallel)
+    return path / plan.gguf_file if plan.gguf_file else path

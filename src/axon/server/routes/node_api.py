@@ -54,12 +54,14 @@ async def get_health(request: Request) -> dict:
         "devices": devices,
         "host_memory": memory,
         "activation": activation.snapshot(state.registry),
+        "models": state.registry.summary(),
     }
 
 
 @router.get("/models", dependencies=_authorized)
 async def get_models(request: Request) -> list[ModelInfo]:
-    """Every model on the node with its status (loading, loaded, poisoned, recovering)."""
+    """Every model on the node with its status (loading, loaded, poisoned, recovering,
+    failed)."""
     return await _state(request).registry.infos()
 
 

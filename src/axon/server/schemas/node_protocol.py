@@ -15,7 +15,7 @@ from axon.server.lifecycle.discovery import host_memory
 from axon.settings import ENGINE, SPEC, Setting, engine_kwargs, select
 
 HARNESS = "axon"
-ModelStatus = Literal["loading", "loaded", "poisoned", "recovering"]
+ModelStatus = Literal["loading", "loaded", "poisoned", "recovering", "failed"]
 
 
 def _fits_the_host(value: int | None) -> int | None:
@@ -132,7 +132,9 @@ class ModelInfo(BaseModel):
     capabilities: list[str] = []
     max_model_len: int | None = None
     created: int | None = None
-    error: str | None = None  # why the last recovery failed, while one is being retried
+    error: str | None = None  # why the last recovery attempt failed (recovering, failed)
+    recovery_attempt: int | None = None  # recovering: the engine start under way; failed: last
+    recovery_attempts: int | None = None  # recovering, failed: how many starts it gets
     engine_pid: int | None = None  # the model's engine process (its group holds every rank)
     load_progress: dict[str, int] | None = None  # loading: {"loaded_bytes", "total_bytes"}
     # loaded: {"total", "active"}, the weights' bytes and those one token reads (a mixture of
