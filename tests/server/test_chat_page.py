@@ -1,8 +1,9 @@
 """The chat page at `/` in a real headless Chromium (Debian's `chromium` and `chromium-driver`,
 driven with selenium) against a real `axon serve` on the tiny model: it lists the model, streams
 an answer equal to the API's greedy one, stops a long answer, sends images as data: URIs, and asks
-for the API key when the server has one. Without the browser the tests skip, except under CI,
-where they fail: .ci/run installs it."""
+for the API key when the server has one. Then as a new user meets it: `axon serve` with no model
+(the demo models), where the page picks the chat demo and answers a plain question in words.
+Without the browser the tests skip, except under CI, where they fail: .ci/run installs it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from axon.demo import CHAT_DEMO_MODEL_ID, DEMO_MODEL_ID
 from tests.server.conftest import MODEL_ID, Server, spawn_serve, stop_server
 
 API_KEY = "chat-page-secret"
@@ -121,19 +123,36 @@ def key_server_starting(browser_paths, tiny_chat_model: Path, tmp_path_factory):
             stop_server(starting.result())
 
 
-@pytest.fixture()
-def key_server(key_server_starting) -> Server:
-    """The `--api-key` server once its model serves."""
-    server = key_server_starting.result()
-    headers = {"Authorization": f"Bearer {API_KEY}"}
+@pytest.fixture(scope="module", autouse=True)
+def demo_server_starting(browser_paths):
+    """`axon serve` with no model: the demo models from the packages setup installs (a missing
+    package fails the test: scripts/setup.sh installs both), started in the background too."""
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(spawn_serve, ["--port", "0", "--log-level", "warning"])
+        yield starting
+        if starting.exception() is None:
+            stop_server(starting.result())
+
+
+def wait_for_models(server: Server, model_ids: set[str], headers: dict | None = None) -> list:
+    """The ids /v1/models lists, in order, once `model_ids` are all among them."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert server.process.poll() is None, "axon serve exited:\n" + "".join(server.log)
         models = httpx.get(server.openai_url + "/models", headers=headers, timeout=5).json()
-        if any(model["id"] == MODEL_ID for model in models["data"]):
-            return server
+        listed = [model["id"] for model in models["data"]]
+        if model_ids <= set(listed):
+            return listed
         time.sleep(0.2)
-    raise AssertionError("the model did not load in time:\n" + "".join(server.log))
+    raise AssertionError(f"{model_ids} did not load in time:\n" + "".join(server.log))
+
+
+@pytest.fixture()
+def key_server(key_server_starting) -> Server:
+    """The `--api-key` server once its model serves."""
+    server = key_server_starting.result()
+    wait_for_models(server, {MODEL_ID}, headers={"Authorization": f"Bearer {API_KEY}"})
+    return server
 
 
 @pytest.fixture()
@@ -366,3 +385,31 @@ def test_stop_ends_the_stream_and_the_page_takes_the_next_message(browser, key_s
     wait_until_ready(browser)
     assert 1 <= len(answer_text(browser).split()) <= 4
     assert len(browser.find_elements(By.CSS_SELECTOR, "#messages .message.user")) == 2
+
+
+def test_the_demo_page_picks_the_chat_model_and_answers_in_words(browser, demo_server_starting):
+    server = demo_server_starting.result()
+    listed = wait_for_models(server, {CHAT_DEMO_MODEL_ID, DEMO_MODEL_ID})
+    assert listed[0] == CHAT_DEMO_MODEL_ID  # what a client listing models meets first
+    browser.get(server.base_url + "/")
+    picked = lambda: Select(element(browser, "model")).first_selected_option.get_attribute("value")
+    wait_for(
+        browser,
+        "the picker lists the demo models",
+        lambda: len(listed) == len(Select(element(browser, "model")).options),
+    )
+    assert picked() == CHAT_DEMO_MODEL_ID  # nothing chosen before: the chat model, not the base
+    set_sampling(browser, temperature=0, max_tokens=40)
+    send(browser, "What is the capital of France?")
+    wait_until_ready(browser)
+
+    answer = answer_text(browser)
+    body = {"model": CHAT_DEMO_MODEL_ID, "temperature": 0, "max_tokens": 40}
+    body["messages"] = [{"role": "user", "content": "What is the capital of France?"}]
+    expected = httpx.post(server.openai_url + "/chat/completions", json=body, timeout=60).json()
+    assert answer == expected["choices"][0]["message"]["content"].strip()
+    assert "Paris" in answer
+    # Readable text: words and punctuation, no markup soup (the base model's `<inline>` tags).
+    assert not re.search(r"[<>{}\[\]]", answer), answer
+    assert len(re.findall(r"[A-Za-z]+", answer)) >= 4
+    assert not browser.find_elements(By.CSS_SELECTOR, f"{LAST_ANSWER} .error")

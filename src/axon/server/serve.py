@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 
-from axon.demo import DEMO_MODEL_ID, demo_model_path
+from axon.demo import demo_models
 from axon.server import access_log
 from axon.server.config import ServerConfig, load_config
 from axon.server.errors import AxonHTTPError, ModelUnavailable
@@ -77,7 +77,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-demo",
         action="store_true",
-        help="with no MODEL and no default_models, start empty instead of serving the demo model",
+        help="with no MODEL and no default_models, start empty instead of serving the demo models",
     )
     group = parser.add_argument_group("engine defaults (every model; a load spec overrides them)")
     add_flags(group, select(SERVE, ENGINE))
@@ -151,14 +151,16 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
 
 
 def with_demo_default(config: ServerConfig, ns: argparse.Namespace) -> ServerConfig:
-    """`config`, serving the embedded demo model (gemma-3-270m Q4_K_M, assembled into the cache
-    on first use) when neither MODEL nor default_models names one and --no-demo is not given."""
+    """`config`, serving the embedded demo models (axon/demo.py: the chat model
+    smollm2-135m-instruct first, then the base model gemma-3-270m) when neither MODEL nor
+    default_models names one and --no-demo is not given."""
     if ns.model or config.default_models or getattr(ns, "no_demo", False):
         return config
-    path = demo_model_path()
-    print(f"axon: no model given: serving {DEMO_MODEL_ID} ({path})", file=sys.stderr, flush=True)
-    spec = ModelSpec(model_id=str(path), served_model_name=DEMO_MODEL_ID)
-    return config.with_overrides(default_models=(spec,))
+    specs = []
+    for model_id, path in demo_models():
+        print(f"axon: no model given: serving {model_id} ({path})", file=sys.stderr, flush=True)
+        specs.append(ModelSpec(model_id=str(path), served_model_name=model_id))
+    return config.with_overrides(default_models=tuple(specs))
 
 
 def _tuple_or_none(values: list | None) -> tuple | None:
