@@ -77,12 +77,16 @@ class ChatOutputPlan:
         return "started" if prompt_opens_reasoning(self.prompt) else "optional"
 
     def _structured(self, body) -> dict | None:
-        spec, param = self._forced_tool_call(getattr(body, "tool_choice", None))
+        tool_choice = getattr(body, "tool_choice", None)
+        spec, param = self._forced_tool_call(tool_choice)
         if spec is None:
             spec, param = (
                 _response_format(getattr(body, "response_format", None)),
                 "response_format",
             )
+            strict = self._strict_tool_calls(tool_choice, spec)
+            if strict is not None:
+                spec, param = strict, "tools"
         if spec is None:
             return None
         spec["thinking"] = self._thinking()
@@ -117,6 +121,26 @@ class ChatOutputPlan:
         compact = [{"name": t["name"], "parameters": t.get("parameters")} for t in tools]
         spec = {"type": "tool_call", "format": self.family.tool_format, "tools": compact}
         return {**spec, "parallel": parallel}, "tool_choice"
+
+    def _strict_tool_calls(self, tool_choice, text: dict | None) -> dict | None:
+        """tool_choice "auto" with `strict: true` tools: the grammar that leaves the answer free
+        (or to `text`, the response_format's spec) and, once the model starts a call, holds a
+        strict tool's arguments to its schema (the other tools' calls stay free)."""
+        if tool_choice not in (None, "auto") or self.family.tool_format is None:
+            return None
+        tools = [t for t in map(_function, self.tools or []) if isinstance(t.get("name"), str)]
+        strict = [t for t in tools if t.get("strict") is True]
+        if not strict:
+            return None
+        return {
+            "type": "tool_call",
+            "format": self.family.tool_format,
+            "tools": [{"name": t["name"], "parameters": t.get("parameters")} for t in strict],
+            "free_tools": [t["name"] for t in tools if t.get("strict") is not True],
+            "parallel": self.parallel_tool_calls,
+            "optional": True,
+            "text": text,
+        }
 
 
 def _response_format(response_format) -> dict | None:
