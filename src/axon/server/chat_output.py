@@ -3,8 +3,9 @@
 `ChatOutputPlan.of(model, body, prompt, headers)` decides, once per request, what the output is
 parsed for (the model family's reasoning markers and tool-call form, the request's tools and
 tool_choice, `enable_thinking`, the `x-include-thinking` header) and which grammar, if any,
-the engine must enforce (`response_format`, `tool_choice` required or named). `ChoiceOutput`
-turns one sample's text into OpenAI message fields or stream deltas.
+the engine must enforce (`response_format`, `tool_choice` required or named, `strict` tools'
+arguments under "auto"). `ChoiceOutput` turns one sample's text into OpenAI message fields or
+stream deltas.
 """
 
 from __future__ import annotations
@@ -84,9 +85,8 @@ class ChatOutputPlan:
                 _response_format(getattr(body, "response_format", None)),
                 "response_format",
             )
-            strict = self._strict_tool_calls(tool_choice, spec)
-            if strict is not None:
-                spec, param = strict, "tools"
+        if spec is None:
+            spec, param = self._strict_tool_calls(tool_choice), "tools"
         if spec is None:
             return None
         spec["thinking"] = self._thinking()
@@ -122,10 +122,11 @@ class ChatOutputPlan:
         spec = {"type": "tool_call", "format": self.family.tool_format, "tools": compact}
         return {**spec, "parallel": parallel}, "tool_choice"
 
-    def _strict_tool_calls(self, tool_choice, text: dict | None) -> dict | None:
+    def _strict_tool_calls(self, tool_choice) -> dict | None:
         """tool_choice "auto" with `strict: true` tools: the grammar that leaves the answer free
-        (or to `text`, the response_format's spec) and, once the model starts a call, holds a
-        strict tool's arguments to its schema (the other tools' calls stay free)."""
+        and, once the model starts a call, holds a strict tool's arguments to its schema (the
+        other tools' calls stay free). A response_format's grammar, which comes first, allows
+        no call at all, so nothing is left to hold then."""
         if tool_choice not in (None, "auto") or self.family.tool_format is None:
             return None
         tools = [t for t in map(_function, self.tools or []) if isinstance(t.get("name"), str)]
@@ -139,7 +140,6 @@ class ChatOutputPlan:
             "free_tools": [t["name"] for t in tools if t.get("strict") is not True],
             "parallel": self.parallel_tool_calls,
             "optional": True,
-            "text": text,
         }
 
 

@@ -6,11 +6,10 @@
      "tools": [{"name", "parameters"}], "parallel": bool}
                                                      one call (or several, when parallel) in
                                                      the model family's own markup
-    ... "optional": true, "free_tools": [names], "text": spec | None
-                                                     tool_choice "auto" with strict tools: free
-                                                     text (or the `text` spec's output), or text
-                                                     then calls; `tools` are the strict ones,
-                                                     `free_tools` called with any arguments
+    ... "optional": true, "free_tools": [names]     tool_choice "auto" with strict tools:
+                                                     free text, or text then calls; `tools`
+                                                     are the strict ones, `free_tools` called
+                                                     with any arguments
 
 Any of them may carry "thinking": "optional" (the output may open with a `<think>…</think>`
 block, left free) or "started" (the prompt opened it: the output starts inside it). JSON is
@@ -102,7 +101,7 @@ def _free_call(spec: dict) -> str:
 
 def _tool_call_body(spec: dict) -> list[str]:
     """Rules of `body`: one call to any of the tools, or several when parallel; with
-    `optional`, free text (or the `text` spec's output) instead, or text before the calls."""
+    `optional`, free text instead, or text before the calls."""
     calls, rules = [], []
     for number, tool in enumerate(spec["tools"]):
         if spec["format"] == "hermes":
@@ -115,25 +114,19 @@ def _tool_call_body(spec: dict) -> list[str]:
         calls.append(_free_call(spec))
     rules.append("call: " + " | ".join(f"({c})" for c in calls))
     rules.append('calls: call ("\\n" call)*' if spec.get("parallel") else "calls: call")
-    if not spec.get("optional"):
-        rules.append("body: calls")
-    elif spec.get("text") is not None:
-        rules.append("body: answer | calls")
-        rules += _body(spec["text"], "answer")
-    else:
-        rules.append("body: free_text? calls?")
-    if spec.get("free_tools") or (spec.get("optional") and spec.get("text") is None):
+    rules.append("body: free_text? calls?" if spec.get("optional") else "body: calls")
+    if spec.get("free_tools") or spec.get("optional"):
         # The call markers are single tokens that free text cannot contain: it ends at one.
         rules.append("free_text: /(.|\\n)+/")
     return rules
 
 
-def _body(spec: dict, name: str = "body") -> list[str]:
+def _body(spec: dict) -> list[str]:
     kind = spec["type"]
     if kind == "json_object":
-        return [f"{name}: {_json({'type': 'object'})}"]
+        return [f"body: {_json({'type': 'object'})}"]
     if kind == "json_schema":
-        return [f"{name}: {_json(spec['schema'])}"]
+        return [f"body: {_json(spec['schema'])}"]
     if kind == "tool_call":
         return _tool_call_body(spec)
     raise ValueError(f"unknown structured output type {kind!r}")
