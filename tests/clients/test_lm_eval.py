@@ -1,8 +1,9 @@
 """lm-evaluation-harness against `axon serve`: its real `local-completions` model, in process,
 on two tasks defined here (local jsonl files, nothing downloaded): a `generate_until` task and a
-multiple-choice task scored by loglikelihood (echo + logprobs on /v1/completions). Its tokenizer
-is lm-eval's `remote` back-end, which reads axon's /tokenizer_info and calls /tokenize and
-/detokenize: a base URL is all lm-eval is given.
+multiple-choice task scored by loglikelihood (echo + logprobs on /v1/completions). lm-eval is
+given a base URL and the model's name, nothing else: its default tokenizer back-end finds
+/tokenizer_info and /tokenize on axon and uses them (its `remote` back-end; the Hugging Face one
+would look the served name up on the Hub, which is offline here).
 
 Every number lm-eval reports is checked against axon's own answer to the same request through the
 `openai` client: the loglikelihood of each choice, and the greedy text of each question."""
@@ -75,7 +76,6 @@ def evaluation(tmp_path_factory: pytest.TempPathFactory, module_recorder):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    recorder = module_recorder
     tasks = tmp_path_factory.mktemp("lm_eval_tasks")
     _write_tasks(tasks)
     # lm-eval sends `Bearer $OPENAI_API_KEY`; the proxy's httpx refuses the empty value.
@@ -87,8 +87,7 @@ def evaluation(tmp_path_factory: pytest.TempPathFactory, module_recorder):
             model="local-completions",
             model_args={
                 "model": MODEL_ID,
-                "base_url": recorder.url + "/v1/completions",
-                "tokenizer_backend": "remote",
+                "base_url": module_recorder.url + "/v1/completions",
                 "max_retries": 1,
             },
             tasks=list(TASKS),
@@ -99,7 +98,7 @@ def evaluation(tmp_path_factory: pytest.TempPathFactory, module_recorder):
             torch_random_seed=0,
             fewshot_random_seed=0,
         )
-    return results, recorder
+    return results, module_recorder
 
 
 @pytest.fixture(scope="module")
