@@ -5,6 +5,8 @@ is what lm-eval's loglikelihood (multiple-choice) tasks send."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -68,6 +70,49 @@ def test_echo_then_the_completion(http, reference):
     assert plain["text"] == choice["text"] and plain["logprobs"] is None
 
 
+def _streamed(http, **fields) -> list[dict]:
+    body = {"model": MODEL_ID, "prompt": PROMPT, "stream": True, **fields}
+    with http.stream("POST", "/v1/completions", json=body) as reply:
+        assert reply.status_code == 200, reply.read()
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(event)["choices"][0] for event in events[:-1]]
+
+
+@pytest.mark.parametrize("logprobs", [None, 1])
+def test_streamed_echo_sends_the_prompt_first(http, logprobs):
+    """As vLLM streams it: the first chunk's text is the prompt and the first token, its
+    logprobs the prompt's and that token's; the chunks add up to the whole answer."""
+    fields = {"echo": True, "max_tokens": 3, "temperature": 0, "logprobs": logprobs}
+    (whole,) = completion(http, **fields)["choices"]
+    chunks = _streamed(http, **fields)
+    assert len(chunks) > 1 and chunks[0]["text"].startswith(PROMPT + " ")
+    assert "".join(chunk["text"] for chunk in chunks) == whole["text"]
+    assert chunks[-1]["finish_reason"] == whole["finish_reason"]
+    if logprobs is None:
+        assert all(chunk["logprobs"] is None for chunk in chunks)
+        return
+    assert len(chunks[0]["logprobs"]["tokens"]) == len(PROMPT_IDS) + 1
+
+    def joined(key: str) -> list:
+        return [value for chunk in chunks for value in chunk["logprobs"][key]]
+
+    want = whole["logprobs"]
+    assert joined("tokens") == want["tokens"] and joined("text_offset") == want["text_offset"]
+    assert joined("token_logprobs")[0] is None
+    assert joined("token_logprobs")[1:] == pytest.approx(want["token_logprobs"][1:], abs=ATOL)
+    assert [top and sorted(top) for top in joined("top_logprobs")] == [
+        top and sorted(top) for top in want["top_logprobs"]
+    ]
+
+
+def test_streamed_echo_with_max_tokens_0_is_the_prompt_alone(http):
+    (chunk,) = _streamed(http, echo=True, max_tokens=0, logprobs=1)
+    assert chunk["text"] == PROMPT and chunk["finish_reason"] == "length"
+    assert chunk["logprobs"]["tokens"] == PROMPT.split()
+    assert chunk["logprobs"]["token_logprobs"][0] is None
+
+
 def test_prompt_logprobs_in_vllms_shape_and_never_from_the_prefix_cache(http, reference):
     scores = reference(PROMPT_IDS)
     for _ in range(2):  # the second finds the prompt's blocks cached: it is scored again
@@ -112,7 +157,6 @@ def test_chat_prompt_logprobs(http):
     "path, fields, param",
     [
         ("/v1/completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
-        ("/v1/completions", {"echo": True, "stream": True}, "echo"),
         ("/v1/completions", {"prompt_logprobs": 21}, "prompt_logprobs"),
         ("/v1/completions", {"prompt_logprobs": -1}, "prompt_logprobs"),
         ("/v1/completions", {"max_tokens": 0}, "max_tokens"),

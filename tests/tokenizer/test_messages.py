@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from axon.tokenizer.chat_template import ChatTemplateRefused, render_chat
-from axon.tokenizer.messages import conversation_shapes, normalize_messages
+from axon.tokenizer.chat_template import ChatTemplateRefused, call_id_length, render_chat
+from axon.tokenizer.messages import conversation_shapes, fixed_length_id, normalize_messages
 
 CALL = {
     "id": "call_1",
@@ -131,3 +131,41 @@ def test_template_refusal_names_the_shapes(qwen3_tokenizer):
     with pytest.raises(ChatTemplateRefused) as info:
         render_chat(qwen3_tokenizer, messages, chat_template=template)
     assert "(assistant tool_calls): no tools here" in info.value.message
+
+
+def test_fixed_length_ids_are_alphanumeric_stable_and_kept_when_already_so():
+    mapped = fixed_length_id("call_1", 9)
+    assert len(mapped) == 9 and mapped.isalnum()
+    assert fixed_length_id("call_1", 9) == mapped != fixed_length_id("call_2", 9)
+    assert fixed_length_id("abcDEF123", 9) == "abcDEF123"
+    assert fixed_length_id("abc_EF123", 9) != "abc_EF123"
+
+
+MISTRAL_TEMPLATES = ["Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407"]
+
+
+@pytest.mark.parametrize("name", MISTRAL_TEMPLATES)
+def test_mistral_templates_get_nine_character_call_ids(template_dir, qwen3_tokenizer, name):
+    """Mistral's templates raise on any tool call id but 9 alphanumeric characters: a client's
+    `call_...` ids are mapped, the call and its result alike, and nothing else changes."""
+    template = (template_dir / f"{name}.jinja").read_text()
+    assert call_id_length(template) == 9
+    second = {**CALL, "id": "call_2"}
+    messages = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL, second]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "22C"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21C"},
+    ]
+    sent = copy.deepcopy(messages)
+    text = render_chat(qwen3_tokenizer, messages, chat_template=template)
+    assert messages == sent
+    one, two = fixed_length_id("call_1", 9), fixed_length_id("call_2", 9)
+    assert "call_1" not in text and "call_2" not in text
+    calls, *results = text.split("[TOOL_RESULTS]")
+    assert calls.index(one) < calls.index(two)
+    assert [(two in r, "22C" in r, one in r, "21C" in r) for r in results] == [
+        (True, True, False, False),
+        (False, False, True, True),
+    ]
+    assert call_id_length((template_dir / "Qwen-Qwen3-0.6B.jinja").read_text()) is None

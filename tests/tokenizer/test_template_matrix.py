@@ -20,7 +20,7 @@ import pytest
 from axon.server.errors import BadRequest, Unprocessable
 from axon.server.lifecycle.served_model import ServedModel
 from axon.server.schemas.protocol import ChatCompletionRequest, parse_request
-from axon.tokenizer.chat_template import content_format, select_template
+from axon.tokenizer.chat_template import call_id_length, content_format, select_template
 from axon.tokenizer.messages import normalize_messages
 from llama_cpp_sdist import extract_llama_cpp
 
@@ -102,10 +102,9 @@ SHAPES["arguments_not_json"][0].append(_result(1, "error"))
 TOOL_TURNS = {"tool_call_content_null", "several_tool_calls", "tool_result_parts"}
 TOOL_TURNS |= {"arguments_not_json"}
 # The shapes each template refuses itself (its raise_exception): axon answers a 400 naming them.
+# (Mistral's templates take only 9-character alphanumeric tool call ids: normalize_messages maps
+# the clients' ids to such ones, as vLLM does, so they render every tool turn.)
 REFUSED: dict[str, set[str]] = {
-    # Mistral's templates take only its own 9-character tool call ids.
-    "Mistral-Small-3.2-24B-Instruct-2506": TOOL_TURNS,
-    "mistralai-Mistral-Nemo-Instruct-2407": TOOL_TURNS,
     "google-gemma-2-2b-it": {"system_first", "content_parts", "tools_given", *TOOL_TURNS},
     "meta-llama-Llama-3.1-8B-Instruct": {"several_tool_calls"},
     "meta-llama-Llama-3.2-3B-Instruct": {"several_tool_calls"},
@@ -190,9 +189,10 @@ def outcome_reference(
     messages, tools = SHAPES[shape]
     fmt = content_format(select_template(template, tools))
     parse = not (string_arguments and shape in TOOL_TURNS)
+    ids = call_id_length(template)
     try:
         text = tokenizer.apply_chat_template(
-            normalize_messages(messages, fmt, parse_arguments=parse),
+            normalize_messages(messages, fmt, parse_arguments=parse, call_id_length=ids),
             tools=tools,
             chat_template=template,
             tokenize=False,
@@ -205,10 +205,10 @@ def outcome_reference(
     return "ok", text
 
 
-def _as_vllm_gives_them(messages: list[dict], fmt: str) -> list[dict]:
+def _as_vllm_gives_them(messages: list[dict], fmt: str, template: str) -> list[dict]:
     """normalize_messages, except where axon departs from vLLM on purpose: null content is []
     (not "") for part-looping templates, tool messages aside."""
-    normalized = normalize_messages(messages, fmt)
+    normalized = normalize_messages(messages, fmt, call_id_length=call_id_length(template))
     for sent, message in zip(messages, normalized, strict=True):
         if fmt == "openai" and sent.get("content") is None and sent["role"] != "tool":
             message["content"] = []
@@ -220,7 +220,7 @@ def vllm_renders(tokenizer, template: str, shape: str) -> bool:
     fmt = content_format(select_template(template, tools))
     try:
         tokenizer.apply_chat_template(
-            _as_vllm_gives_them(messages, fmt),
+            _as_vllm_gives_them(messages, fmt, template),
             tools=tools,
             chat_template=template,
             tokenize=False,

@@ -3,8 +3,9 @@
 `ChatOutputPlan.of(model, body, prompt, headers)` decides, once per request, what the output is
 parsed for (the model family's reasoning markers and tool-call form, the request's tools and
 tool_choice, `enable_thinking`, the `x-include-thinking` header) and which grammar, if any,
-the engine must enforce (`response_format`, `tool_choice` required or named). `ChoiceOutput`
-turns one sample's text into OpenAI message fields or stream deltas.
+the engine must enforce (`response_format`, `tool_choice` required or named, `strict` tools'
+arguments under "auto"). `ChoiceOutput` turns one sample's text into OpenAI message fields or
+stream deltas.
 """
 
 from __future__ import annotations
@@ -77,12 +78,15 @@ class ChatOutputPlan:
         return "started" if prompt_opens_reasoning(self.prompt) else "optional"
 
     def _structured(self, body) -> dict | None:
-        spec, param = self._forced_tool_call(getattr(body, "tool_choice", None))
+        tool_choice = getattr(body, "tool_choice", None)
+        spec, param = self._forced_tool_call(tool_choice)
         if spec is None:
             spec, param = (
                 _response_format(getattr(body, "response_format", None)),
                 "response_format",
             )
+        if spec is None:
+            spec, param = self._strict_tool_calls(tool_choice), "tools"
         if spec is None:
             return None
         spec["thinking"] = self._thinking()
@@ -117,6 +121,26 @@ class ChatOutputPlan:
         compact = [{"name": t["name"], "parameters": t.get("parameters")} for t in tools]
         spec = {"type": "tool_call", "format": self.family.tool_format, "tools": compact}
         return {**spec, "parallel": parallel}, "tool_choice"
+
+    def _strict_tool_calls(self, tool_choice) -> dict | None:
+        """tool_choice "auto" with `strict: true` tools: the grammar that leaves the answer free
+        and, once the model starts a call, holds a strict tool's arguments to its schema (the
+        other tools' calls stay free). A response_format's grammar, which comes first, allows
+        no call at all, so nothing is left to hold then."""
+        if tool_choice not in (None, "auto") or self.family.tool_format is None:
+            return None
+        tools = [t for t in map(_function, self.tools or []) if isinstance(t.get("name"), str)]
+        strict = [t for t in tools if t.get("strict") is True]
+        if not strict:
+            return None
+        return {
+            "type": "tool_call",
+            "format": self.family.tool_format,
+            "tools": [{"name": t["name"], "parameters": t.get("parameters")} for t in strict],
+            "free_tools": [t["name"] for t in tools if t.get("strict") is not True],
+            "parallel": self.parallel_tool_calls,
+            "optional": True,
+        }
 
 
 def _response_format(response_format) -> dict | None:

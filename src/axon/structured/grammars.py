@@ -6,6 +6,10 @@
      "tools": [{"name", "parameters"}], "parallel": bool}
                                                      one call (or several, when parallel) in
                                                      the model family's own markup
+    ... "optional": true, "free_tools": [names]     tool_choice "auto" with strict tools:
+                                                     free text, or text then calls; `tools`
+                                                     are the strict ones, `free_tools` called
+                                                     with any arguments
 
 Any of them may carry "thinking": "optional" (the output may open with a `<think>…</think>`
 block, left free) or "started" (the prompt opened it: the output starts inside it). JSON is
@@ -80,8 +84,24 @@ def _xml_call(tool: dict, rule: str) -> tuple[str, list[str]]:
     return f'<tool_call> {head} {" ".join(parts)} "</function>\\n" </tool_call>', rules
 
 
+def _free_call(spec: dict) -> str:
+    """A call to one of `free_tools` (non-strict, beside strict ones) with any arguments."""
+    names = spec["free_tools"]
+    if spec["format"] == "hermes":
+        schema = {
+            "type": "object",
+            "properties": {"name": {"enum": names}, "arguments": {"type": "object"}},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        return f'<tool_call> "\\n" {_json(schema)} "\\n" </tool_call>'
+    heads = " | ".join(_literal(f"\n<function={name}>\n") for name in names)
+    return f"<tool_call> ({heads}) free_text </tool_call>"
+
+
 def _tool_call_body(spec: dict) -> list[str]:
-    """Rules of `body`: one call to any of the tools, or several when parallel."""
+    """Rules of `body`: one call to any of the tools, or several when parallel; with
+    `optional`, free text instead, or text before the calls."""
     calls, rules = [], []
     for number, tool in enumerate(spec["tools"]):
         if spec["format"] == "hermes":
@@ -90,24 +110,33 @@ def _tool_call_body(spec: dict) -> list[str]:
             expression, extra = _xml_call(tool, f"p{number}")
             calls.append(expression)
             rules += extra
+    if spec.get("free_tools"):
+        calls.append(_free_call(spec))
     rules.append("call: " + " | ".join(f"({c})" for c in calls))
-    rules.append('body: call ("\\n" call)*' if spec.get("parallel") else "body: call")
+    rules.append('calls: call ("\\n" call)*' if spec.get("parallel") else "calls: call")
+    rules.append("body: free_text? calls?" if spec.get("optional") else "body: calls")
+    if spec.get("free_tools") or spec.get("optional"):
+        # The call markers are single tokens that free text cannot contain: it ends at one.
+        rules.append("free_text: /(.|\\n)+/")
     return rules
+
+
+def _body(spec: dict) -> list[str]:
+    kind = spec["type"]
+    if kind == "json_object":
+        return [f"body: {_json({'type': 'object'})}"]
+    if kind == "json_schema":
+        return [f"body: {_json(spec['schema'])}"]
+    if kind == "tool_call":
+        return _tool_call_body(spec)
+    raise ValueError(f"unknown structured output type {kind!r}")
 
 
 def build_grammar(spec: dict) -> str:
     """The llguidance grammar (serialized) that `spec` describes."""
     from llguidance import LLMatcher
 
-    kind = spec["type"]
-    if kind == "json_object":
-        rules = [f"body: {_json({'type': 'object'})}"]
-    elif kind == "json_schema":
-        rules = [f"body: {_json(spec['schema'])}"]
-    elif kind == "tool_call":
-        rules = _tool_call_body(spec)
-    else:
-        raise ValueError(f"unknown structured output type {kind!r}")
+    rules = _body(spec)
     thinking = spec.get("thinking")
     start = _THINK.get(thinking, "start: body")
     if thinking in _THINK:

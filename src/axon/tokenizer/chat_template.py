@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import os
+import re
 import stat
 import weakref
 from pathlib import Path
@@ -242,6 +243,18 @@ def content_format(template: str) -> str:
     return "string"
 
 
+# Mistral's templates: `{%- if ... tool_call.id|length != 9 %}{{ raise_exception(...) }}`.
+_CALL_ID_LENGTH = re.compile(r"""(?:\.id|\bid'\]|tool_call_id'?\]?)\s*\|\s*length\s*!=\s*(\d+)""")
+
+
+@functools.lru_cache(maxsize=64)
+def call_id_length(template: str) -> int | None:
+    """The one length of tool call ids the template accepts (it raises on any other), or None
+    when it takes any id."""
+    match = _CALL_ID_LENGTH.search(template)
+    return int(match.group(1)) if match else None
+
+
 # ---- rendering ------------------------------------------------------------------------------
 
 
@@ -325,9 +338,10 @@ def render_chat(
     kwargs = {"add_generation_prompt": add_generation_prompt, **extra}
     if continue_final_message:
         kwargs["continue_final_message"] = True
-    fmt = content_format(template)
+    fmt, ids = content_format(template), call_id_length(template)
     try:
-        return _apply(tokenizer, normalize_messages(messages, fmt), tools, template, kwargs)
+        conversation = normalize_messages(messages, fmt, call_id_length=ids)
+        return _apply(tokenizer, conversation, tools, template, kwargs)
     except ChatTemplateRefused as exc:
         raise ChatTemplateRefused(_refusal(exc, messages, tools)) from exc
     except ChatTemplateError as exc:
@@ -335,7 +349,7 @@ def render_chat(
             raise
         first = exc
     # Some templates concatenate a call's arguments as the string the client sent.
-    conversation = normalize_messages(messages, fmt, parse_arguments=False)
+    conversation = normalize_messages(messages, fmt, parse_arguments=False, call_id_length=ids)
     try:
         return _apply(tokenizer, conversation, tools, template, kwargs)
     except ChatTemplateError:

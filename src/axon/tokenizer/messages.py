@@ -19,6 +19,10 @@ what real templates are tested with, so every route that renders (chat, Anthropi
   concatenate them, like functionary's); the reasoning of an earlier turn is passed as both
   `reasoning` and `reasoning_content`, whichever the client sent (templates read one or the
   other).
+- Tool call ids, with `call_id_length` (templates that take only ids of one length, like
+  Mistral's 9 alphanumeric characters): each id that is not already such an id is mapped to one
+  (a hash of it, so an assistant's call and the tool result answering it keep matching), as vLLM
+  does for Mistral models.
 
 String content stays a string in both formats (the reference wraps it in a text part for
 part-looping templates: in llama.cpp's corpus all of those render both alike but Gemma 4, which
@@ -27,7 +31,9 @@ prints a wrapped system prompt as a list). Other fields pass through untouched.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import string
 from typing import Any
 
 STRING = "string"  # the template concatenates content as text
@@ -35,11 +41,48 @@ OPENAI = "openai"  # the template loops over content parts
 
 
 def normalize_messages(
-    messages: list[dict], fmt: str = STRING, parse_arguments: bool = True
+    messages: list[dict],
+    fmt: str = STRING,
+    parse_arguments: bool = True,
+    call_id_length: int | None = None,
 ) -> list[dict]:
     """New message dicts in the shapes templates take (see the module docstring); `fmt` is the
-    template's content format (chat_template.content_format). `messages` is not changed."""
-    return [_message(message, fmt, parse_arguments) for message in messages]
+    template's content format (chat_template.content_format), `call_id_length` the one length
+    of tool call ids it accepts (chat_template.call_id_length). `messages` is not changed."""
+    normalized = [_message(message, fmt, parse_arguments) for message in messages]
+    if call_id_length:
+        for message in normalized:
+            _fix_call_ids(message, call_id_length)
+    return normalized
+
+
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def fixed_length_id(call_id: Any, length: int) -> Any:
+    """`call_id` as `length` alphanumeric characters: unchanged when it is one already, else
+    the leading digits of its SHA-256 in base 62 (the same id always maps to the same one)."""
+    if not isinstance(call_id, str) or (len(call_id) == length and call_id.isalnum()):
+        return call_id
+    number = int.from_bytes(hashlib.sha256(call_id.encode()).digest(), "big")
+    digits = []
+    for _ in range(length):
+        number, digit = divmod(number, len(_ALPHANUMERIC))
+        digits.append(_ALPHANUMERIC[digit])
+    return "".join(digits)
+
+
+def _fix_call_ids(message: dict, length: int) -> None:
+    if message.get("role") == "tool" and "tool_call_id" in message:
+        message["tool_call_id"] = fixed_length_id(message["tool_call_id"], length)
+    calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+    if isinstance(calls, list):
+        message["tool_calls"] = [
+            {**call, "id": fixed_length_id(call["id"], length)}
+            if isinstance(call, dict) and "id" in call
+            else call
+            for call in calls
+        ]
 
 
 def has_string_arguments(messages: list[dict]) -> bool:

@@ -71,8 +71,6 @@ def _prompts(body: CompletionRequest, model) -> list[tuple[str | None, list[int]
 async def create_completion(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), CompletionRequest)
-    if body.echo and body.stream:
-        raise BadRequest("echo is not supported with stream: true", param="echo")
     if body.suffix:
         raise BadRequest("suffix is not supported", param="suffix")
     model = served_model(request, body.model)
@@ -179,6 +177,11 @@ class _CompletionContext:
         text = sample.text if kept else ""
         if not self.body.echo:
             return text, self.logprobs(sample, kept, 0)
+        return self.after_prompt(state, sample, text, kept)
+
+    def after_prompt(self, state: RequestState, sample, text: str, positions: range):
+        """`echo`: the prompt's text, then `text`; the prompt's logprobs (its first token's
+        null), then those of the sample's tokens at `positions`, when logprobs are asked."""
         prompt_ids = state.prompt_token_ids
         prompt = state.prompt
         if prompt is None:  # token ids: their text
@@ -187,10 +190,36 @@ class _CompletionContext:
             return prompt + text, None
         echoed = echo_logprobs(prompt_ids, state.prompt_logprobs, self.params.logprobs, self.decode)
         offset = sum(len(token) for token in echoed["tokens"])
-        generated = self.logprobs(sample, kept, offset)
+        generated = self.logprobs(sample, positions, offset)
         for key, values in (generated or {}).items():
             echoed[key].extend(values)
         return prompt + text, echoed
+
+    def streamed(
+        self, prompt_index: int, state: RequestState, sample, cursor: SampleCursor
+    ) -> dict | None:
+        """The next streamed choice of a sample (None when nothing is new); with `echo` the
+        first one carries the prompt before the first token, as vLLM streams it (the prompt
+        alone with `max_tokens: 0`)."""
+        first, offset = cursor.num_tokens == 0, cursor.text_offset
+        step = cursor.advance(sample)
+        if step is None:
+            return None
+        text, positions = step
+        if self.body.echo_only:
+            positions, text = range(0), ""
+        if self.body.echo and first:
+            text, logprobs = self.after_prompt(state, sample, text, positions)
+        else:
+            logprobs = self.logprobs(sample, positions, offset)
+        if logprobs is not None:
+            cursor.text_offset = offset + sum(len(t) for t in logprobs["tokens"])
+        if self.body.echo_only:
+            cursor.done = True
+        choice = self.choice(prompt_index, sample, text, logprobs, cursor.done)
+        if self.body.echo_only:
+            choice["finish_reason"], choice["stop_reason"] = "length", None
+        return choice
 
 
 async def _completion_stream(generations: list[Generation], context: _CompletionContext):
@@ -201,16 +230,9 @@ async def _completion_stream(generations: list[Generation], context: _Completion
             async for prompt_index, state in progress:
                 states[prompt_index] = state
                 for sample, cursor in zip(state.samples, cursors[prompt_index]):
-                    offset = cursor.text_offset
-                    step = cursor.advance(sample)
-                    if step is None:
-                        continue
-                    text, positions = step
-                    logprobs = context.logprobs(sample, positions, offset)
-                    if logprobs is not None:
-                        cursor.text_offset += sum(len(t) for t in logprobs["tokens"])
-                    choice = context.choice(prompt_index, sample, text, logprobs, cursor.done)
-                    yield context.chunk(choice)
+                    choice = context.streamed(prompt_index, state, sample, cursor)
+                    if choice is not None:
+                        yield context.chunk(choice)
     except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
         yield error_event(exc)
     else:

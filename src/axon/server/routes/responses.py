@@ -103,13 +103,14 @@ def to_chat_messages(body: ResponsesRequest) -> list[dict]:
 
 
 def _chat_tools(tools: list[dict] | None) -> list[dict] | None:
-    """Responses' flat function tools in chat's nested shape, as chat templates expect."""
+    """Responses' flat function tools in chat's nested shape, as chat templates expect
+    (`strict` kept: chat_output enforces it)."""
     if not tools:
         return None
     nested = []
     for tool in tools:
         if tool.get("type") == "function" and "function" not in tool:
-            function = {k: v for k, v in tool.items() if k not in ("type", "strict")}
+            function = {k: v for k, v in tool.items() if k != "type"}
             tool = {"type": "function", "function": function}
         nested.append(tool)
     return nested

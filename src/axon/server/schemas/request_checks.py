@@ -77,6 +77,8 @@ def _check_function(function: Any, where: str) -> None:
         raise BadRequest(f"{where}.name must be a non-empty string", param=f"{where}.name")
     if function.get("parameters") is not None:
         check_schema(function["parameters"], f"{where}.parameters")
+    if function.get("strict") is not None and not isinstance(function["strict"], bool):
+        raise BadRequest(f"{where}.strict must be a boolean", param=f"{where}.strict")
 
 
 def check_tools(tools: list | None, flat: bool) -> None:
