@@ -181,7 +181,8 @@ async def or_disconnect(request: Request, work: Awaitable):
         for pending in (task, watcher):
             pending.cancel()
         await asyncio.gather(task, watcher, return_exceptions=True)
-    if task.done() and not task.cancelled():
+    # A cancelled gather is not `cancelled()`: it holds the CancelledError as its exception.
+    if not task.cancelled() and not isinstance(task.exception(), asyncio.CancelledError):
         return task.result()  # even if the client is gone too: the caller owns what it made
     raise ClientDisconnected()
 
