@@ -96,8 +96,10 @@ class Generation:
 
 
 async def start_all(model, prompts: list[tuple[str | None, list[int]]], params, started_at):
-    """Admits every prompt, or none: the model's capacity is checked once for all of them,
-    and a later rejection closes the ones already admitted."""
+    """Admits every prompt, or none: the request's size (admission.py) and the model's
+    capacity are checked once for all of them, and a later rejection closes the ones already
+    admitted."""
+    model.size_caps.check_params([len(ids) for _, ids in prompts], params)
     model.check_capacity(len(prompts) * params.n, sum(len(ids) for _, ids in prompts))
     generations: list[Generation] = []
     try:
