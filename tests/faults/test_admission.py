@@ -92,7 +92,7 @@ def test_the_issues_request_is_refused_before_any_work_idle_and_busy(capped):
     response = _while_polling_health(capped, lambda: _post(capped, "/v1/completions", ISSUE_BODY))
     _assert_openai_400(response, "max_sequences_per_request", 2_560_000, SEQUENCE_CAP)
     assert response.json()["error"]["param"] == "prompt"
-    busy = {"model": "tiny", "prompt": "w10", "max_tokens": 1500, "ignore_eos": True}
+    busy = {"model": "tiny", "prompt": "w10", "max_tokens": 900, "ignore_eos": True}
     url = capped.base_url + "/v1/completions"
     with httpx.stream("POST", url, json={**busy, "stream": True}, timeout=60) as stream:
         assert stream.status_code == 200
