@@ -122,6 +122,7 @@ class EngineClient:
         self.last_heard = time.monotonic()
         self._streams: dict[str, Inbox] = {}
         self._calls: dict[int, asyncio.Future] = {}
+        self._aborts: list[str] = []  # request ids to abort, sent at the end of the loop turn
         self._call_ids = itertools.count()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="engine-writer", daemon=True)
@@ -322,7 +323,16 @@ class EngineClient:
     def _close_stream(self, request_id: str, finished: bool) -> None:
         self._streams.pop(request_id, None)
         if not finished and not self.dead:
-            self._send(Abort([request_id]))
+            if not self._aborts:
+                self.loop.call_soon(self._send_aborts)
+            self._aborts.append(request_id)
+
+    def _send_aborts(self) -> None:
+        """Sends the aborts of this loop turn as one message: a request of many prompts that
+        goes away closes them all in one turn, and the engine removes them in one pass."""
+        aborts, self._aborts = self._aborts, []
+        if aborts and not self.dead:
+            self._send(Abort(aborts))
 
     def stop_sample(self, request_id: str, index: int) -> None:
         """Finish one sample now (a stop string matched in the frontend)."""

@@ -189,21 +189,34 @@ class EngineLoop:
         self.last_sent = time.monotonic()
 
     def _drain_commands(self, timeout: float) -> int:
-        """Handles the commands waiting (the first waited for up to `timeout`); returns how many."""
+        """Handles the commands waiting (the first waited for up to `timeout`); returns how many.
+        Consecutive Aborts are carried out together, in one pass over the scheduler's queues:
+        a request of many prompts that goes away sends one per prompt."""
         handled = 0
+        aborts: list[str] = []
         while self.running and self.conn.poll(timeout):
             try:
                 message = decode(self.conn.recv_bytes())
             except (EOFError, OSError):  # the HTTP process is gone
                 self.running = False
-                return handled
+                break
             except MalformedMessage as exc:
                 logger.error("malformed message: %s", exc)
             else:
-                self._handle(message)
+                if isinstance(message, Abort):
+                    aborts.extend(message.request_ids)
+                else:
+                    self._abort_now(aborts)
+                    self._handle(message)
             handled += 1
             timeout = 0
+        self._abort_now(aborts)
         return handled
+
+    def _abort_now(self, aborts: list[str]) -> None:
+        if aborts:
+            self._handle(Abort(list(aborts)))
+            aborts.clear()
 
     def _step(self) -> None:
         try:

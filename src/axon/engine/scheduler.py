@@ -78,11 +78,18 @@ class Scheduler:
         return len(self.running)
 
     def abort(self, request_ids: set[str]) -> list[Sequence]:
-        """Finish every sequence of these requests at once and free their blocks."""
-        aborted = [s for s in (*self.waiting, *self.running) if s.request_id in request_ids]
-        for seq in aborted:
-            self._finish(seq, FinishReason.ABORT)
-        return aborted
+        """Finish every sequence of these requests at once and free their blocks. One pass
+        over each queue however many requests and sequences go: a client that leaves with
+        thousands of sequences must not cost a pass (or a deque removal) per sequence."""
+        waiting = [s for s in self.waiting if s.request_id in request_ids]
+        running = [s for s in self.running if s.request_id in request_ids]
+        if waiting:
+            self.waiting = deque(s for s in self.waiting if s.request_id not in request_ids)
+        if running:
+            self.running = [s for s in self.running if s.request_id not in request_ids]
+        for seq in (*waiting, *running):
+            self._release(seq, FinishReason.ABORT)
+        return [*waiting, *running]
 
     # ---- scheduling -------------------------------------------------------------------------
 
@@ -306,6 +313,10 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._release(seq, reason)
+
+    def _release(self, seq: Sequence, reason: FinishReason) -> None:
+        """Finish `seq`, already out of both queues: its blocks and state slot go back."""
         self.block_manager.free(seq)
         self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED

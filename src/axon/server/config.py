@@ -45,6 +45,11 @@ class ServerConfig:
     engine: EngineArgs = field(default_factory=EngineArgs)  # defaults for every model
     max_waiting_requests: int = 256  # per model, beyond the running batch: then 429
     max_waiting_tokens: int = 1 << 20  # per model, prompt tokens waiting for a first token
+    # How big one request may be (server/admission.py): its sequences (prompts x n) and the
+    # worst case of its answer's entries (tokens x (1 + top_logprobs)); None: each model's
+    # default, derived from its max_num_seqs and context. Beyond either: a 400, idle or busy.
+    max_sequences_per_request: int | None = None
+    max_output_entries_per_request: int | None = None
     shutdown_grace_s: float = 20.0
     default_source: str = HUGGINGFACE
     sources: Mapping[str, SourceConfig] = field(default_factory=dict)
@@ -92,6 +97,8 @@ class ServerConfig:
         check(self.api_key is None or len(self.api_key) > 0, "api_key", "must not be empty")
         check(self.max_waiting_requests >= 0, "max_waiting_requests", "must be >= 0")
         check(self.max_waiting_tokens >= 1, "max_waiting_tokens", "must be >= 1")
+        for name in ("max_sequences_per_request", "max_output_entries_per_request"):
+            check(getattr(self, name) is None or getattr(self, name) >= 1, name, "must be >= 1")
         check(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
         check(self.recovery_attempts >= 1, "recovery_attempts", "must be >= 1")
         check(bool(self.default_source), "default_source", "must not be empty")
@@ -192,6 +199,8 @@ _INT_FIELDS = {
     "port",
     "max_waiting_requests",
     "max_waiting_tokens",
+    "max_sequences_per_request",
+    "max_output_entries_per_request",
     "max_request_body_bytes",
     "max_connections",
     "max_image_bytes",

@@ -96,8 +96,10 @@ class Generation:
 
 
 async def start_all(model, prompts: list[tuple[str | None, list[int]]], params, started_at):
-    """Admits every prompt, or none: the model's capacity is checked once for all of them,
-    and a later rejection closes the ones already admitted."""
+    """Admits every prompt, or none: the request's size (admission.py) and the model's
+    capacity are checked once for all of them, and a later rejection closes the ones already
+    admitted."""
+    model.size_caps.check_params([len(ids) for _, ids in prompts], params)
     model.check_capacity(len(prompts) * params.n, sum(len(ids) for _, ids in prompts))
     generations: list[Generation] = []
     try:
@@ -181,7 +183,8 @@ async def or_disconnect(request: Request, work: Awaitable):
         for pending in (task, watcher):
             pending.cancel()
         await asyncio.gather(task, watcher, return_exceptions=True)
-    if task.done() and not task.cancelled():
+    # A cancelled gather is not `cancelled()`: it holds the CancelledError as its exception.
+    if not task.cancelled() and not isinstance(task.exception(), asyncio.CancelledError):
         return task.result()  # even if the client is gone too: the caller owns what it made
     raise ClientDisconnected()
 

@@ -14,6 +14,7 @@ from axon.config import EngineConfig
 from axon.engine.client import EngineClient, EngineError, EngineRefused, Liveness
 from axon.engine.output_processor import RequestState
 from axon.sampling_params import SamplingParams
+from axon.server.admission import RequestCaps
 from axon.server.errors import (
     BadRequest,
     ContextLengthExceeded,
@@ -93,6 +94,7 @@ class ServedModel:
         self.max_num_seqs = client.config.max_num_seqs
         self.max_waiting_requests = getattr(server_config, "max_waiting_requests", 256)
         self.max_waiting_tokens = getattr(server_config, "max_waiting_tokens", 1 << 20)
+        self.size_caps = RequestCaps.of(self, server_config)  # after max_num_seqs and task
         self.num_inflight = 0  # requests
         self.num_inflight_seqs = 0  # their sequences (n each)
         self.num_waiting_tokens = 0  # prompt tokens of requests still waiting for a first token
@@ -275,6 +277,7 @@ class ServedModel:
                 param="max_tokens" if prompt_len < limit else "messages",
             )
         if not capacity_checked:
+            self.size_caps.check_params([prompt_len], params)
             self.check_capacity(params.n, prompt_len)
 
     async def generate(
@@ -334,6 +337,7 @@ class ServedModel:
                     f"However, your input has {len(ids)} tokens; reduce the length of the input.",
                     param="input",
                 )
+        self.size_caps.check_sequences(len(prompts), prompts_param="input")
         self.check_capacity(len(prompts), sum(len(ids) for ids in prompts))
         try:
             async with asyncio.TaskGroup() as group:  # one failure cancels (aborts) the rest

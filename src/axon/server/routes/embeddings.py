@@ -33,16 +33,23 @@ class EmbeddingRequest(OpenAIModel):
 async def create_embeddings(request: Request) -> dict:
     body = await off_loop(parse_request, await request.body(), EmbeddingRequest)
     model = served_model(request, body.model)
+    model.size_caps.check_sequences(len(_inputs(body)), prompts_param="input")
     prompts = await off_loop(_prompts, body, model)
     vectors = await or_disconnect(request, model.embed(prompts))
     return await off_loop(_response, body, model, prompts, vectors)
 
 
-def _prompts(body: EmbeddingRequest, model) -> list[list[int]]:
-    """The token ids of each input: texts tokenized, token-id lists checked."""
+def _inputs(body: EmbeddingRequest) -> list:
+    """The inputs the request carries, as sent (texts or token-id lists)."""
     inputs = body.input
     if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
-        inputs = [inputs]
+        return [inputs]
+    return inputs
+
+
+def _prompts(body: EmbeddingRequest, model) -> list[list[int]]:
+    """The token ids of each input: texts tokenized, token-id lists checked."""
+    inputs = _inputs(body)
     if not inputs:
         raise BadRequest("input must not be empty", param="input")
     _check_dimensions(body.dimensions, model)

@@ -10,6 +10,7 @@ import time
 from fastapi import APIRouter, Request
 
 from axon.engine.output_processor import RequestState
+from axon.server.admission import check_request
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.chat_pipeline import prepare_chat
 from axon.server.generation import EventStream, Generation, or_disconnect, served_model
@@ -134,6 +135,7 @@ async def create_chat_completion(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), ChatCompletionRequest)
     model = served_model(request, body.model)
+    check_request(model, body)
     prepared = await off_loop(prepare_chat, model, body, request.headers)
     generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))
     context = _ChatContext(body, model, prepared.params, prepared.plan)

@@ -12,6 +12,7 @@ import time
 from fastapi import APIRouter, Request
 
 from axon.engine.output_processor import RequestState
+from axon.server.admission import check_request
 from axon.server.errors import BadRequest
 from axon.server.generation import (
     EventStream,
@@ -47,16 +48,24 @@ router = APIRouter()
 # ---- /v1/completions ----------------------------------------------------------------------
 
 
-def _prompts(body: CompletionRequest, model) -> list[tuple[str | None, list[int]]]:
-    """(text, token ids) of each prompt the request carries."""
+_CHUNK_PROMPTS = 32  # prompts tokenized per turn on the request pool
+
+
+def _prompt_items(body: CompletionRequest) -> list:
+    """The prompts the request carries, as sent (texts or token-id lists)."""
     prompt = body.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
     if not prompt:
         raise BadRequest("prompt must not be empty", param="prompt")
+    return prompt
+
+
+def _tokenize(body: CompletionRequest, model, items: list) -> list[tuple[str | None, list[int]]]:
+    """(text, token ids) of each of `items`."""
     vocab = vocab_size(model)
     prompts = []
-    for item in prompt:
+    for item in items:
         if isinstance(item, str):
             ids = model.encode(item, add_special_tokens=body.add_special_tokens, param="prompt")
             prompts.append((item, check_prompt_ids(ids, "prompt")))
@@ -74,7 +83,9 @@ async def create_completion(request: Request):
     if body.suffix:
         raise BadRequest("suffix is not supported", param="suffix")
     model = served_model(request, body.model)
-    prompts, params = await off_loop(_prepare, body, model)
+    items = _prompt_items(body)
+    check_request(model, body, len(items))
+    prompts, params = await _prepare(body, model, items)
     generations = await or_disconnect(request, start_all(model, prompts, params, started_at))
     context = _CompletionContext(body, model, params)
     if body.stream:
@@ -83,9 +94,19 @@ async def create_completion(request: Request):
     return await off_loop(context.response, states)
 
 
-def _prepare(body: CompletionRequest, model) -> tuple[list, object]:
-    """The prompts' (text, token ids) and the sampling params: request-sized, off the loop."""
-    prompts = _prompts(body, model)
+async def _prepare(body: CompletionRequest, model, items: list) -> tuple[list, object]:
+    """The prompts' (text, token ids) and the sampling params, off the loop: a chunk of prompts
+    at a time, so a long list holds a thread of the request pool for a chunk's time, not the
+    whole list's, and a prompt that does not fit stops it early."""
+    prompts = []
+    while len(items) > _CHUNK_PROMPTS:
+        prompts += await off_loop(_tokenize, body, model, items[:_CHUNK_PROMPTS])
+        items = items[_CHUNK_PROMPTS:]
+    return await off_loop(_finish_prepare, body, model, prompts, items)
+
+
+def _finish_prepare(body: CompletionRequest, model, prompts: list, items: list):
+    prompts += _tokenize(body, model, items)
     longest = max(len(ids) for _, ids in prompts)
     params = build_sampling_params(
         body,

@@ -8,6 +8,7 @@ import time
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 
+from axon.server.admission import check_request
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.chat_pipeline import PreparedChat, prepare_chat
 from axon.server.errors import BadRequest
@@ -336,6 +337,7 @@ async def create_response(request: Request):
             param="previous_response_id",
         )
     model = served_model(request, body.model)
+    check_request(model, body)
     prepared = await off_loop(_prepare, model, body)
     generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))
     context = _ResponseContext(body, model, prepared.params, prepared.plan)
