@@ -13,7 +13,7 @@ from axon.engine.output_processor import RequestState
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.chat_pipeline import prepare_chat
 from axon.server.generation import EventStream, Generation, or_disconnect, served_model
-from axon.server.offload import off_loop
+from axon.server.offload import json_response, maybe_off_loop, off_loop
 from axon.server.schemas.logprobs import prompt_logprobs_json
 from axon.server.schemas.protocol import (
     ChatCompletionRequest,
@@ -108,17 +108,27 @@ def _sample_chunks(context: _ChatContext, sample, cursor: SampleCursor, output: 
         yield context.chunk(sample.index, {}, finish=reason)
 
 
+def _step_chunks(context: _ChatContext, state: RequestState, cursors, outputs) -> str:
+    """Every chunk one engine step makes, across the request's samples, as one write."""
+    return "".join(
+        chunk
+        for sample, cursor, output in zip(state.samples, cursors, outputs)
+        for chunk in _sample_chunks(context, sample, cursor, output)
+    )
+
+
 async def _chat_stream(generation: Generation, context: _ChatContext):
     cursors = [SampleCursor() for _ in range(context.params.n)]
     outputs = [ChoiceOutput(context.plan) for _ in range(context.params.n)]
+    wide = context.params.n > 1 or context.params.logprobs is not None
     state = generation.state
     try:
         for index in range(context.params.n):
             yield context.chunk(index, {"role": "assistant", "content": ""})
         async for state in generation:
-            for sample, cursor, output in zip(state.samples, cursors, outputs):
-                for chunk in _sample_chunks(context, sample, cursor, output):
-                    yield chunk
+            chunks = await maybe_off_loop(wide, _step_chunks, context, state, cursors, outputs)
+            if chunks:
+                yield chunks
     except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
         yield error_event(exc)
     else:
@@ -140,4 +150,4 @@ async def create_chat_completion(request: Request):
     if body.stream:
         return EventStream(_chat_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())
-    return await off_loop(context.response, state)
+    return await json_response(context.response, state)

@@ -23,7 +23,7 @@ from axon.server.generation import (
     start_all,
     vocab_size,
 )
-from axon.server.offload import off_loop
+from axon.server.offload import json_response, maybe_off_loop, off_loop
 from axon.server.reasoning_budget import completion_thinking_fields
 from axon.server.sampling import build_sampling_params, check_prompt_ids
 from axon.server.schemas.logprobs import echo_logprobs, prompt_logprobs_json
@@ -82,7 +82,7 @@ async def create_completion(request: Request):
     if body.stream:
         return EventStream(_completion_stream(generations, context), close_all(generations))
     states = await or_disconnect(request, asyncio.gather(*(g.collect() for g in generations)))
-    return await off_loop(context.response, states)
+    return await json_response(context.response, states)
 
 
 def _prepare(body: CompletionRequest, model) -> tuple[list, object]:
@@ -193,24 +193,35 @@ class _CompletionContext:
         return prompt + text, echoed
 
 
+def _step_chunks(context: _CompletionContext, prompt_index: int, state, cursors) -> str:
+    """Every chunk one engine step of one prompt makes, across its samples, as one write."""
+    chunks = []
+    for sample, cursor in zip(state.samples, cursors):
+        offset = cursor.text_offset
+        step = cursor.advance(sample)
+        if step is None:
+            continue
+        text, positions = step
+        logprobs = context.logprobs(sample, positions, offset)
+        if logprobs is not None:
+            cursor.text_offset += sum(len(t) for t in logprobs["tokens"])
+        choice = context.choice(prompt_index, sample, text, logprobs, cursor.done)
+        chunks.append(context.chunk(choice))
+    return "".join(chunks)
+
+
 async def _completion_stream(generations: list[Generation], context: _CompletionContext):
     cursors = [[SampleCursor() for _ in range(context.params.n)] for _ in generations]
+    wide = context.params.n > 1 or context.params.logprobs is not None
     states: dict[int, RequestState] = {}
     try:
         async with contextlib.aclosing(merge(generations)) as progress:
             async for prompt_index, state in progress:
                 states[prompt_index] = state
-                for sample, cursor in zip(state.samples, cursors[prompt_index]):
-                    offset = cursor.text_offset
-                    step = cursor.advance(sample)
-                    if step is None:
-                        continue
-                    text, positions = step
-                    logprobs = context.logprobs(sample, positions, offset)
-                    if logprobs is not None:
-                        cursor.text_offset += sum(len(t) for t in logprobs["tokens"])
-                    choice = context.choice(prompt_index, sample, text, logprobs, cursor.done)
-                    yield context.chunk(choice)
+                step = (context, prompt_index, state, cursors[prompt_index])
+                chunks = await maybe_off_loop(wide, _step_chunks, *step)
+                if chunks:
+                    yield chunks
     except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
         yield error_event(exc)
     else:
