@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -54,6 +55,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("-p", "--port", type=int, help="port to bind (default: 8000; 0: any)")
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or AXON_API_KEY)")
+    parser.add_argument(
+        "--admin-api-key",
+        help="the key /models/load and /models/unload require instead (or AXON_ADMIN_API_KEY): "
+        "the gateway's; inference routes do not take it",
+    )
     add_flags(parser, [setting for setting in _MODEL_SETTINGS if setting is not _SERVED_NAME])
     _add_served_names(parser)
     add_multinode_args(parser)
@@ -131,6 +137,7 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
         host=ns.host,
         port=ns.port,
         api_key=ns.api_key,
+        admin_api_key=getattr(ns, "admin_api_key", None),
         shutdown_grace_s=ns.shutdown_grace,
         log_level=ns.log_level,
         allowed_local_model_paths=_tuple_or_none(getattr(ns, "allowed_local_model_path", None)),
@@ -252,6 +259,7 @@ def _make_server(config: ServerConfig, state):
 
     # lazy: fastapi, uvicorn and the routes load to serve, not for `axon --help`
     from axon.server.app import create_app
+    from axon.server.auth import refused_by_headers  # lazy: fastapi
     from axon.server.edge import BodyLimits, guarded_protocol  # lazy: uvicorn
 
     class Server(uvicorn.Server):
@@ -259,11 +267,16 @@ def _make_server(config: ServerConfig, state):
         def capture_signals(self):  # serve() owns SIGTERM/SIGINT: drain models first
             yield
 
-    app = AdmissionGate(create_app(state), state)
-    app = BodyLimits(app, config.max_request_body_bytes, config.request_body_timeout_s)
+    routes = create_app(state)
+    app = AdmissionGate(routes, state)
+    refused = functools.partial(refused_by_headers, routes)  # before any body is read
+    app = BodyLimits(app, config.max_request_body_bytes, config.request_body_timeout_s, refused)
+    protocol = guarded_protocol(
+        config.request_header_timeout_s, config.max_connections, config.max_request_body_bytes
+    )
     uv_config = uvicorn.Config(
         app,
-        http=guarded_protocol(config.request_header_timeout_s, config.max_connections),
+        http=protocol,
         log_level=config.log_level.lower(),
         timeout_graceful_shutdown=max(1, int(config.shutdown_grace_s)),
         # Longer than clients keep idle connections (httpx 5 s, aiohttp 15 s): the client closes
