@@ -5,26 +5,20 @@ routes (`require_admin_key`: load, unload) take only that key, the inference key
 the node's read-only routes (`require_node_key`) take either; inference routes never take the
 admin key. `/health` and `/metrics` stay open so that probes and scrapers need no secret.
 
-Every check reads headers only, so the HTTP edge runs the request's own checks before it reads a
-body (`refused_by_headers`): an unauthenticated upload is answered without being read."""
+Every check is a route dependency that reads headers only: FastAPI runs it before the handler
+reads the body, and the edge (edge.py) reads a body only when the route does, so an
+unauthenticated upload is answered without being read. A route must therefore read its body
+itself (`await request.body()`), never take it as a parameter, which FastAPI reads first."""
 
 from __future__ import annotations
 
 import hmac
 
 from fastapi import Request
-from starlette.routing import Match
 
-from axon.server.errors import AxonHTTPError, Forbidden, Unauthorized
+from axon.server.errors import Forbidden, Unauthorized
 
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
-_KEY_CHECKS: set = set()  # the dependencies refused_by_headers runs
-
-
-def key_check(function):
-    """Marks a route dependency as a key check that reads headers only (see refused_by_headers)."""
-    _KEY_CHECKS.add(function)
-    return function
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -76,49 +70,16 @@ def check_node_key(config, authorization: str | None) -> None:
     check_api_key(config.api_key, authorization)
 
 
-@key_check
 async def require_api_key(request: Request) -> None:
     """FastAPI dependency: the server's key (`app.state.axon.config.api_key`) must be presented."""
     check_api_key(request.app.state.axon.config.api_key, request.headers.get("authorization"))
 
 
-@key_check
 async def require_admin_key(request: Request) -> None:
     """FastAPI dependency of the node-management routes (check_admin_key)."""
     check_admin_key(request.app.state.axon.config, request.headers.get("authorization"))
 
 
-@key_check
 async def require_node_key(request: Request) -> None:
     """FastAPI dependency of the node's read-only routes (check_node_key)."""
     check_node_key(request.app.state.axon.config, request.headers.get("authorization"))
-
-
-async def refused_by_headers(app, scope) -> bool:
-    """Whether the route `scope` reaches (in the FastAPI `app`) refuses it by its key checks
-    alone. The route then answers it itself, in its own error shape, from an empty body."""
-    route = _route_of(app, scope)
-    dependant = getattr(route, "dependant", None)
-    if dependant is None:
-        return False
-    request = Request({**scope, "app": app})
-    for dependency in dependant.dependencies:
-        if dependency.call in _KEY_CHECKS:
-            try:
-                await dependency.call(request)
-            except AxonHTTPError:
-                return True
-    return False
-
-
-def _route_of(app, scope):
-    """The route Starlette's router would pick for `scope`: the first full match, else the
-    first that matches the path with another method (which answers 405)."""
-    partial = None
-    for route in app.router.routes:
-        match, _ = route.matches(scope)
-        if match is Match.FULL:
-            return route
-        if match is Match.PARTIAL and partial is None:
-            partial = route
-    return partial

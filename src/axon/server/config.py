@@ -56,10 +56,10 @@ class ServerConfig:
     # its requests fail with 503, the model recovers); a load may take this long.
     engine_step_timeout_s: float = 120.0
     engine_load_timeout_s: float = 1800.0
-    # The HTTP edge: request bodies beyond this are a 413 (and up to as much again is read and
-    # discarded after it, so that a client still uploading reads it); a client gets this long to
-    # send its request line and headers, and this long between two pieces of its body;
-    # connections beyond max_connections are answered 503.
+    # The HTTP edge: request bodies beyond this are a 413 (and up to four times as much again
+    # is read and discarded after it, so that a client still uploading reads it); a client gets
+    # this long to send its request line and headers, and this long between two pieces of its
+    # body; connections beyond max_connections are answered 503.
     max_request_body_bytes: int = 32 << 20
     request_header_timeout_s: float = 10.0
     request_body_timeout_s: float = 30.0

@@ -1,7 +1,8 @@
-"""The HTTP edge, before any route runs: the request's key checked from its headers before its
-body is read, request-body size and time limits, a deadline for a request's headers, and a cap
-on open connections, so slow, oversized or unauthenticated clients cannot hold the server's
-memory or sockets. Every refusal is a response in OpenAI's error envelope.
+"""The HTTP edge, before any route runs: request-body size and time limits, applied while the
+body is read (and it is read only once the route's key check has passed), a deadline for a
+request's headers, and a cap on open connections, so slow, oversized or unauthenticated clients
+cannot hold the server's memory or sockets. Every refusal is a response in OpenAI's error
+envelope.
 
 A request answered before its body is in (401, 413) keeps its connection: uvicorn reads and
 discards the rest of the body, as nginx's lingering close does, so a client still uploading
@@ -16,6 +17,9 @@ import logging
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from axon.server.errors import AxonHTTPError
+from axon.server.generation import ClientDisconnected
 
 logger = logging.getLogger(__name__)
 
@@ -35,47 +39,40 @@ def error_response(
     return {"type": "http.response.start", "status": status, "headers": raw}, body
 
 
+class RequestTooLarge(AxonHTTPError):
+    status_code = 413
+    code = "request_too_large"
+
+
+class RequestTimeout(AxonHTTPError):
+    status_code = 408
+    code = "request_timeout"
+
+
 class BodyLimits:
-    """ASGI middleware: reads the whole request body before the app sees the request, refusing
-    one over `max_bytes` (413, by Content-Length before reading any of it, else as soon as it
-    passes the limit) or one that takes longer than `timeout_s` to arrive (408). The app then
-    reads it from memory; later `receive` calls (disconnect watches) go to the client.
+    """ASGI middleware: limits on the request body, applied while the route reads it, so that a
+    route that refuses a request from its headers (its API key: a dependency, which runs before
+    the handler reads the body) answers without reading any of it. A body over `max_bytes` is a
+    413, by Content-Length before the app sees the request, else as soon as the read passes the
+    limit; one that takes longer than `timeout_s` to arrive is a 408 (and its connection is
+    closed: the client is stalled)."""
 
-    `refused_by_headers(scope)`, when given, says a request's route refuses it from its headers
-    (its API key): the app then gets it with an empty body, answers it (401 in the route's own
-    error shape), and the body is never read."""
-
-    def __init__(self, app, max_bytes: int, timeout_s: float, refused_by_headers=None):
+    def __init__(self, app, max_bytes: int, timeout_s: float):
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
-        self.refused_by_headers = refused_by_headers
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.refused_by_headers is not None and await self.refused_by_headers(scope):
-            await self.app(scope, _empty_body(), send)
-            return
         refusal = self._refuse_by_header(scope)
-        if refusal is None:
-            try:
-                body = await asyncio.wait_for(self._read(receive), self.timeout_s)
-            except TimeoutError:
-                refusal = (408, f"request body not received within {self.timeout_s:g}s")
-            except _TooLarge:
-                refusal = (413, self._too_large())
-            except _Disconnected:
-                return
         if refusal is not None:
             status, message = refusal
-            code = "request_timeout" if status == 408 else "request_too_large"
-            # A 408's client is stalled: closed. Any other's may still be uploading: it keeps
-            # the connection while the rest is discarded, and so reads the answer.
-            start, payload = error_response(status, message, code, close=status == 408)
+            start, payload = error_response(status, message, "request_too_large", close=False)
             await send(start)
             await send({"type": "http.response.body", "body": payload})
             return
-        await self.app(scope, _replay(body, receive), send)
+        body = _LimitedBody(receive, self.max_bytes, self.timeout_s)
+        await self.app(scope, body.receive, send)
 
     def _refuse_by_header(self, scope) -> tuple[int, str] | None:
         for name, value in scope.get("headers", ()):
@@ -85,59 +82,41 @@ class BodyLimits:
                 except ValueError:
                     return (400, "invalid Content-Length header")
                 if length > self.max_bytes:
-                    return (413, self._too_large())
+                    return (413, too_large(self.max_bytes))
         return None
 
-    def _too_large(self) -> str:
-        return f"request body exceeds the server's limit of {self.max_bytes} bytes"
 
-    async def _read(self, receive) -> bytes:
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise _TooLarge()
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+def too_large(max_bytes: int) -> str:
+    return f"request body exceeds the server's limit of {max_bytes} bytes"
 
 
-class _TooLarge(Exception):
-    pass
+class _LimitedBody:
+    """The request's `receive` with the body's limits: RequestTooLarge once the body read so far
+    passes `max_bytes`, RequestTimeout once it has taken longer than `timeout_s` (from the
+    request's start), ClientDisconnected if the client leaves mid-body. After the body, later
+    calls (disconnect watches) go to the client as they are."""
 
+    def __init__(self, receive, max_bytes: int, timeout_s: float):
+        self._receive, self.max_bytes, self.timeout_s = receive, max_bytes, timeout_s
+        self._deadline = asyncio.get_running_loop().time() + timeout_s
+        self._size, self._complete = 0, False
 
-class _Disconnected(Exception):
-    pass
-
-
-def _empty_body():
-    delivered = False
-
-    async def empty():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        return {"type": "http.disconnect"}  # nothing reads on: the route refused the request
-
-    return empty
-
-
-def _replay(body: bytes, receive):
-    delivered = False
-
-    async def replay():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
+    async def receive(self) -> dict:
+        if self._complete:
+            return await self._receive()
+        remaining = self._deadline - asyncio.get_running_loop().time()
+        try:
+            message = await asyncio.wait_for(self._receive(), max(remaining, 0.0))
+        except TimeoutError:
+            message = f"request body not received within {self.timeout_s:g}s"
+            raise RequestTimeout(message, headers={"Connection": "close"}) from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        self._size += len(message.get("body", b""))
+        if self._size > self.max_bytes:
+            raise RequestTooLarge(too_large(self.max_bytes))
+        self._complete = not message.get("more_body", False)
+        return message
 
 
 def guarded_protocol(

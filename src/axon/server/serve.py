@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -259,7 +258,6 @@ def _make_server(config: ServerConfig, state):
 
     # lazy: fastapi, uvicorn and the routes load to serve, not for `axon --help`
     from axon.server.app import create_app
-    from axon.server.auth import refused_by_headers  # lazy: fastapi
     from axon.server.edge import BodyLimits, guarded_protocol  # lazy: uvicorn
 
     class Server(uvicorn.Server):
@@ -267,12 +265,11 @@ def _make_server(config: ServerConfig, state):
         def capture_signals(self):  # serve() owns SIGTERM/SIGINT: drain models first
             yield
 
-    routes = create_app(state)
-    app = AdmissionGate(routes, state)
-    refused = functools.partial(refused_by_headers, routes)  # before any body is read
-    app = BodyLimits(app, config.max_request_body_bytes, config.request_body_timeout_s, refused)
+    app = AdmissionGate(create_app(state), state)
+    app = BodyLimits(app, config.max_request_body_bytes, config.request_body_timeout_s)
+    linger_bytes = 4 * config.max_request_body_bytes  # discarded after an early answer
     protocol = guarded_protocol(
-        config.request_header_timeout_s, config.max_connections, config.max_request_body_bytes
+        config.request_header_timeout_s, config.max_connections, linger_bytes
     )
     uv_config = uvicorn.Config(
         app,

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from axon.server.auth import bearer_token, key_check
+from axon.server.auth import bearer_token
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.chat_pipeline import PreparedChat, chat_prompt, prepare_chat
 from axon.server.errors import AxonHTTPError, Unauthorized
@@ -92,7 +92,6 @@ class _AnthropicRoute(APIRoute):
         return handle
 
 
-@key_check
 async def require_key(request: Request) -> None:
     """The server's key as `x-api-key` (Anthropic's clients) or `Authorization: Bearer`."""
     expected = request.app.state.axon.config.api_key

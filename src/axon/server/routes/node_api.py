@@ -20,6 +20,7 @@ from axon.server.errors import ModelNotFound
 from axon.server.lifecycle.discovery import HealthProbe, discover, host_memory
 from axon.server.lifecycle.registry import ActivationTracker
 from axon.server.schemas.node_protocol import ModelInfo, ModelSpec, UnloadRequest
+from axon.server.schemas.protocol import parse_request
 
 router = APIRouter(tags=["node"])
 _authorized = [Depends(require_node_key)]
@@ -66,9 +67,11 @@ async def get_models(request: Request) -> list[ModelInfo]:
     return await _state(request).registry.infos()
 
 
+# The bodies are read in the handlers, after the key check: a body parameter is read first.
 @router.post("/models/load", dependencies=_admin)
-async def load_model(spec: ModelSpec, request: Request) -> dict:
+async def load_model(request: Request) -> dict:
     """Loads `spec` and returns once it serves requests: `{"status": "loaded", ...}`."""
+    spec = parse_request(await request.body(), ModelSpec)
     registry = _state(request).registry
     await registry.load(spec)
     infos = {info.id: info for info in await registry.infos()}
@@ -81,8 +84,9 @@ async def load_model(spec: ModelSpec, request: Request) -> dict:
 
 
 @router.post("/models/unload", dependencies=_admin)
-async def unload_model(body: UnloadRequest, request: Request) -> dict:
+async def unload_model(request: Request) -> dict:
     """Stops admitting requests to the model, lets its in-flight ones finish, stops its engine."""
+    body = parse_request(await request.body(), UnloadRequest)
     await _state(request).registry.unload(body.model_id)
     return {"status": "unloaded", "model_id": body.model_id}
 
