@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import orjson
@@ -47,14 +48,14 @@ def encode_json(value) -> bytes:
     writes them (though `1e-05` is spelt `0.00001`); NaN and infinities are written as null,
     which every client parses (json.dumps wrote `-Infinity`, which JavaScript's and Go's parsers
     refuse, or failed)."""
-    parts: list[bytes] = []
+    parts: list[bytes] = []  # a list or object may hold an iterator (a generator of choices)
     _encode_into(parts, value, _SPLIT_DEPTH)
     return b"".join(parts)  # one copy of the whole body, however deep the split went
 
 
 def _encode_into(parts: list[bytes], value, depth: int) -> None:
-    if depth and isinstance(value, list) and value:
-        parts.append(b"[")
+    if depth and (isinstance(value, list) and value or isinstance(value, Iterator)):
+        parts.append(b"[")  # an iterator's items are built as they are encoded
         for index, item in enumerate(value):
             if index:
                 parts.append(b",")

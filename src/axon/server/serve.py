@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -250,6 +251,10 @@ async def load_default_models(registry, specs, tracker: ActivationTracker) -> No
         else:
             tracker.finish(spec.served_id)
     tracker.state = "ready"
+    # The modules, app and startup models' tokenizers live as long as the process: frozen out
+    # of the cyclic GC, whose full passes (holding the GIL, so stalling the event loop) then
+    # walk what requests made, not all of torch and transformers as well.
+    gc.freeze()
     logger.info("activation ready: %s", json.dumps(tracker.snapshot()))
 
 

@@ -52,7 +52,7 @@ class _ChatContext:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return sse(self._envelope("chat.completion.chunk", [choice]))
 
-    def _envelope(self, kind: str, choices: list[dict], **extra) -> dict:
+    def _envelope(self, kind: str, choices, **extra) -> dict:
         return {
             "id": self.id,
             "object": kind,
@@ -71,23 +71,24 @@ class _ChatContext:
         return sse(self._envelope("chat.completion.chunk", [], usage=self.usage(state)))
 
     def response(self, state: RequestState) -> dict:
-        choices = []
-        for sample in state.samples:
-            output = ChoiceOutput(self.plan)
-            message = output.message(sample.text, sample.finish_reason)
-            choices.append(
-                {
-                    "index": sample.index,
-                    "message": message,
-                    "logprobs": self.logprobs(sample, range(len(sample.token_ids))),
-                    "finish_reason": output.finish_reason(sample.finish_reason),
-                    "stop_reason": sample.stop_reason,
-                }
-            )
+        """The whole answer; its choices a generator, each built as offload.encode_json reaches
+        it and dropped once encoded, so that a big answer is never all in memory as objects
+        (whose number would make each of the GC's full passes, which stall the loop, long)."""
+        choices = (self._choice(sample) for sample in state.samples)
         extra = {"usage": self.usage(state)}
         if state.prompt_logprobs is not None:  # vLLM's, when asked
             extra["prompt_logprobs"] = prompt_logprobs_json(state.prompt_logprobs)
         return self._envelope("chat.completion", choices, **extra)
+
+    def _choice(self, sample) -> dict:
+        output = ChoiceOutput(self.plan)
+        return {
+            "index": sample.index,
+            "message": output.message(sample.text, sample.finish_reason),
+            "logprobs": self.logprobs(sample, range(len(sample.token_ids))),
+            "finish_reason": output.finish_reason(sample.finish_reason),
+            "stop_reason": sample.stop_reason,
+        }
 
 
 def _sample_chunks(context: _ChatContext, sample, cursor: SampleCursor, output: ChoiceOutput):

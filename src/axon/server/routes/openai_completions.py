@@ -144,7 +144,7 @@ class _CompletionContext:
             '"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
         )
 
-    def body_of(self, choices: list[dict], **extra) -> dict:
+    def body_of(self, choices, **extra) -> dict:
         return {
             "id": self.id,
             "object": "text_completion",
@@ -161,7 +161,10 @@ class _CompletionContext:
         return usage(prompt_tokens, 0 if self.body.echo_only else generated, cached)
 
     def response(self, states: list[RequestState]) -> dict:
-        choices = []
+        """The whole answer; its choices a generator (see _ChatContext.response)."""
+        return self.body_of(self._choices(states), usage=self.usage(states))
+
+    def _choices(self, states: list[RequestState]):
         for prompt_index, state in enumerate(states):
             for sample in state.samples:
                 choice = self.choice(prompt_index, sample, *self._whole(state, sample), True)
@@ -169,8 +172,7 @@ class _CompletionContext:
                     choice["finish_reason"], choice["stop_reason"] = "length", None
                 if state.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = prompt_logprobs_json(state.prompt_logprobs)
-                choices.append(choice)
-        return self.body_of(choices, usage=self.usage(states))
+                yield choice
 
     def _whole(self, state: RequestState, sample) -> tuple[str, dict | None]:
         """A finished sample's text and logprobs, after the prompt's with `echo` (the prompt
