@@ -41,6 +41,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    # The node-management routes' own key (load, unload): the gateway holds it, users the
+    # inference key (auth.py). None: those routes take api_key like every other.
+    admin_api_key: str | None = None
     default_models: tuple[ModelSpec, ...] = ()
     engine: EngineArgs = field(default_factory=EngineArgs)  # defaults for every model
     max_waiting_requests: int = 256  # per model, beyond the running batch: then 429
@@ -62,9 +65,10 @@ class ServerConfig:
     # recovery_backoff_s, doubling each time (at most RECOVERY_MAX_DELAY_S); then it is failed.
     recovery_attempts: int = 5
     recovery_backoff_s: float = 1.0
-    # The HTTP edge: request bodies beyond this are a 413; a client gets this long to send its
-    # request line and headers, and this long between two pieces of its body; connections
-    # beyond max_connections are answered 503.
+    # The HTTP edge: request bodies beyond this are a 413 (and up to four times as much again
+    # is read and discarded after it, so that a client still uploading reads it); a client gets
+    # this long to send its request line and headers, and this long between two pieces of its
+    # body; connections beyond max_connections are answered 503.
     max_request_body_bytes: int = 32 << 20
     request_header_timeout_s: float = 10.0
     request_body_timeout_s: float = 30.0
@@ -95,6 +99,9 @@ class ServerConfig:
 
         check(0 <= self.port <= 65535, "port", "must be in [0, 65535]")
         check(self.api_key is None or len(self.api_key) > 0, "api_key", "must not be empty")
+        admin = self.admin_api_key
+        check(admin is None or len(admin) > 0, "admin_api_key", "must not be empty")
+        check(admin is None or admin != self.api_key, "admin_api_key", "must differ from api_key")
         check(self.max_waiting_requests >= 0, "max_waiting_requests", "must be >= 0")
         check(self.max_waiting_tokens >= 1, "max_waiting_tokens", "must be >= 1")
         for name in ("max_sequences_per_request", "max_output_entries_per_request"):
@@ -181,6 +188,7 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
 _STR_FIELDS = {
     "host",
     "api_key",
+    "admin_api_key",
     "default_source",
     "log_level",
     "allowed_local_media_path",

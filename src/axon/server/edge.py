@@ -1,6 +1,13 @@
-"""The HTTP edge, before any route runs: request-body size and time limits, a deadline for a
-request's headers, and a cap on open connections, so slow or oversized clients cannot hold the
-server's memory or sockets. Every refusal is a response in OpenAI's error envelope."""
+"""The HTTP edge, before any route runs: request-body size and time limits, applied while the
+body is read (and it is read only once the route's key check has passed), a deadline for a
+request's headers, and a cap on open connections, so slow, oversized or unauthenticated clients
+cannot hold the server's memory or sockets. Every refusal is a response in OpenAI's error
+envelope.
+
+A request answered before its body is in (401, 413) keeps its connection: uvicorn reads and
+discards the rest of the body, as nginx's lingering close does, so a client still uploading
+reads the answer rather than a reset. That discarding is bounded: `linger_bytes`, and the header
+deadline, which runs from the first discarded piece."""
 
 from __future__ import annotations
 
@@ -8,27 +15,47 @@ import asyncio
 import json
 import logging
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from axon.server.errors import AxonHTTPError
+from axon.server.generation import ClientDisconnected
 
 logger = logging.getLogger(__name__)
 
 
-def error_response(status: int, message: str, code: str, headers: dict | None = None) -> tuple:
-    """(ASGI start message, body bytes) of an OpenAI error envelope."""
+def error_response(
+    status: int, message: str, code: str, headers: dict | None = None, close: bool = True
+) -> tuple:
+    """(ASGI start message, body bytes) of an OpenAI error envelope; `close`: then the
+    connection closes (else the rest of the body is discarded, see the module's note)."""
     error_type = "invalid_request_error" if status < 500 else "service_unavailable"
     error = {"message": message, "type": error_type, "code": code, "param": None}
     body = json.dumps({"error": error}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    raw.append((b"connection", b"close"))
+    if close:
+        raw.append((b"connection", b"close"))
     return {"type": "http.response.start", "status": status, "headers": raw}, body
 
 
+class RequestTooLarge(AxonHTTPError):
+    status_code = 413
+    code = "request_too_large"
+
+
+class RequestTimeout(AxonHTTPError):
+    status_code = 408
+    code = "request_timeout"
+
+
 class BodyLimits:
-    """ASGI middleware: reads the whole request body before the app sees the request, refusing
-    one over `max_bytes` (413, by Content-Length before reading any of it) or one that takes
-    longer than `timeout_s` to arrive (408). The app then reads it from memory; later `receive`
-    calls (disconnect watches) go to the client."""
+    """ASGI middleware: limits on the request body, applied while the route reads it, so that a
+    route that refuses a request from its headers (its API key: a dependency, which runs before
+    the handler reads the body) answers without reading any of it. A body over `max_bytes` is a
+    413, by Content-Length before the app sees the request, else as soon as the read passes the
+    limit; one that takes longer than `timeout_s` to arrive is a 408 (and its connection is
+    closed: the client is stalled)."""
 
     def __init__(self, app, max_bytes: int, timeout_s: float):
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
@@ -38,23 +65,14 @@ class BodyLimits:
             await self.app(scope, receive, send)
             return
         refusal = self._refuse_by_header(scope)
-        if refusal is None:
-            try:
-                body = await asyncio.wait_for(self._read(receive), self.timeout_s)
-            except TimeoutError:
-                refusal = (408, f"request body not received within {self.timeout_s:g}s")
-            except _TooLarge:
-                refusal = (413, self._too_large())
-            except _Disconnected:
-                return
         if refusal is not None:
             status, message = refusal
-            code = "request_timeout" if status == 408 else "request_too_large"
-            start, payload = error_response(status, message, code)
+            start, payload = error_response(status, message, "request_too_large", close=False)
             await send(start)
             await send({"type": "http.response.body", "body": payload})
             return
-        await self.app(scope, _replay(body, receive), send)
+        body = _LimitedBody(receive, self.max_bytes, self.timeout_s)
+        await self.app(scope, body.receive, send)
 
     def _refuse_by_header(self, scope) -> tuple[int, str] | None:
         for name, value in scope.get("headers", ()):
@@ -64,55 +82,54 @@ class BodyLimits:
                 except ValueError:
                     return (400, "invalid Content-Length header")
                 if length > self.max_bytes:
-                    return (413, self._too_large())
+                    return (413, too_large(self.max_bytes))
         return None
 
-    def _too_large(self) -> str:
-        return f"request body exceeds the server's limit of {self.max_bytes} bytes"
 
-    async def _read(self, receive) -> bytes:
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise _TooLarge()
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+def too_large(max_bytes: int) -> str:
+    return f"request body exceeds the server's limit of {max_bytes} bytes"
 
 
-class _TooLarge(Exception):
-    pass
+class _LimitedBody:
+    """The request's `receive` with the body's limits: RequestTooLarge once the body read so far
+    passes `max_bytes`, RequestTimeout once it has taken longer than `timeout_s` (from the
+    request's start), ClientDisconnected if the client leaves mid-body. After the body, later
+    calls (disconnect watches) go to the client as they are."""
+
+    def __init__(self, receive, max_bytes: int, timeout_s: float):
+        self._receive, self.max_bytes, self.timeout_s = receive, max_bytes, timeout_s
+        self._deadline = asyncio.get_running_loop().time() + timeout_s
+        self._size, self._complete = 0, False
+
+    async def receive(self) -> dict:
+        if self._complete:
+            return await self._receive()
+        remaining = self._deadline - asyncio.get_running_loop().time()
+        try:
+            message = await asyncio.wait_for(self._receive(), max(remaining, 0.0))
+        except TimeoutError:
+            message = f"request body not received within {self.timeout_s:g}s"
+            raise RequestTimeout(message, headers={"Connection": "close"}) from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        self._size += len(message.get("body", b""))
+        if self._size > self.max_bytes:
+            raise RequestTooLarge(too_large(self.max_bytes))
+        self._complete = not message.get("more_body", False)
+        return message
 
 
-class _Disconnected(Exception):
-    pass
-
-
-def _replay(body: bytes, receive):
-    delivered = False
-
-    async def replay():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
-def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[H11Protocol]:
+def guarded_protocol(
+    header_timeout_s: float, max_connections: int, linger_bytes: int
+) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a deadline for each request's line and headers (a client
-    that opens a connection, or starts a request, and stalls is disconnected) and a cap on open
-    connections (the one over it gets a 503 and is closed)."""
+    that opens a connection, or starts a request, and stalls is disconnected), a cap on open
+    connections (the one over it gets a 503 and is closed), and a bound on the body it discards
+    after answering a request early (`linger_bytes`, see the module's note)."""
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _discarded = 0
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -122,11 +139,24 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type[H11P
             self._arm_header_timer()
 
         def data_received(self, data: bytes) -> None:
+            lingering = self._lingering()
             super().data_received(data)
+            if lingering:
+                self._discarded += len(data)
+                if self._discarded > linger_bytes and not self.transport.is_closing():
+                    self.transport.close()
+                    return
+            else:
+                self._discarded = 0
             if self._between_requests():
-                self._arm_header_timer()
+                self._arm_header_timer()  # after an early answer: the discarding's deadline
             else:
                 self._disarm_header_timer()
+
+        def _lingering(self) -> bool:
+            """Answered, with the rest of the request's body still to come (and discarded)."""
+            answered = self.cycle is not None and self.cycle.response_complete
+            return answered and self.conn.their_state is h11.SEND_BODY
 
         def connection_lost(self, exc) -> None:
             self._disarm_header_timer()

@@ -83,3 +83,11 @@ class EngineDead(AxonHTTPError):
     status_code = 503
     error_type = "service_unavailable"
     code = "engine_failed"
+
+
+class Forbidden(AxonHTTPError):
+    """A valid key that does not open this route (the inference key on a node-management one)."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "admin_key_required"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -55,6 +56,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("-p", "--port", type=int, help="port to bind (default: 8000; 0: any)")
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or AXON_API_KEY)")
+    parser.add_argument(
+        "--admin-api-key",
+        help="the key /models/load and /models/unload require instead (or AXON_ADMIN_API_KEY): "
+        "the gateway's; inference routes do not take it",
+    )
     add_flags(parser, [setting for setting in _MODEL_SETTINGS if setting is not _SERVED_NAME])
     _add_served_names(parser)
     add_multinode_args(parser)
@@ -138,6 +144,7 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
         host=ns.host,
         port=ns.port,
         api_key=ns.api_key,
+        admin_api_key=getattr(ns, "admin_api_key", None),
         shutdown_grace_s=ns.shutdown_grace,
         log_level=ns.log_level,
         allowed_local_model_paths=_tuple_or_none(getattr(ns, "allowed_local_model_path", None)),
@@ -254,6 +261,10 @@ async def load_default_models(registry, specs, tracker: ActivationTracker) -> No
         else:
             tracker.finish(spec.served_id)
     tracker.state = "ready"
+    # The modules, app and startup models' tokenizers live as long as the process: frozen out
+    # of the cyclic GC, whose full passes (holding the GIL, so stalling the event loop) then
+    # walk what requests made, not all of torch and transformers as well.
+    gc.freeze()
     logger.info("activation ready: %s", json.dumps(tracker.snapshot()))
 
 
@@ -271,9 +282,13 @@ def _make_server(config: ServerConfig, state):
 
     app = AdmissionGate(create_app(state), state)
     app = BodyLimits(app, config.max_request_body_bytes, config.request_body_timeout_s)
+    linger_bytes = 4 * config.max_request_body_bytes  # discarded after an early answer
+    protocol = guarded_protocol(
+        config.request_header_timeout_s, config.max_connections, linger_bytes
+    )
     uv_config = uvicorn.Config(
         app,
-        http=guarded_protocol(config.request_header_timeout_s, config.max_connections),
+        http=protocol,
         log_level=config.log_level.lower(),
         timeout_graceful_shutdown=max(1, int(config.shutdown_grace_s)),
         # Longer than clients keep idle connections (httpx 5 s, aiohttp 15 s): the client closes

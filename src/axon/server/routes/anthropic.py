@@ -31,7 +31,7 @@ from axon.server.generation import (
     or_disconnect,
     served_model,
 )
-from axon.server.offload import off_loop
+from axon.server.offload import json_response, off_loop
 from axon.server.schemas.anthropic_context import cleared_thinking_turns
 from axon.server.schemas.anthropic_protocol import (
     CountTokensRequest,
@@ -328,7 +328,7 @@ async def create_message(request: Request):
     if body.stream:
         return EventStream(_message_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())
-    return await off_loop(context.response, state)
+    return await json_response(context.response, state)
 
 
 def _count(model, body: CountTokensRequest) -> dict:

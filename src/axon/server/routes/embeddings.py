@@ -9,12 +9,12 @@ import math
 import struct
 from typing import Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from pydantic import Field
 
 from axon.server.errors import BadRequest
 from axon.server.generation import or_disconnect, served_model, vocab_size
-from axon.server.offload import off_loop
+from axon.server.offload import json_response, off_loop
 from axon.server.schemas.protocol import OpenAIModel, parse_request
 
 router = APIRouter()
@@ -30,13 +30,13 @@ class EmbeddingRequest(OpenAIModel):
 
 
 @router.post("/v1/embeddings")
-async def create_embeddings(request: Request) -> dict:
+async def create_embeddings(request: Request) -> Response:
     body = await off_loop(parse_request, await request.body(), EmbeddingRequest)
     model = served_model(request, body.model)
     model.size_caps.check_sequences(len(_inputs(body)), prompts_param="input")
     prompts = await off_loop(_prompts, body, model)
     vectors = await or_disconnect(request, model.embed(prompts))
-    return await off_loop(_response, body, model, prompts, vectors)
+    return await json_response(_response, body, model, prompts, vectors)
 
 
 def _inputs(body: EmbeddingRequest) -> list:

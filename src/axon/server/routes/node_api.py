@@ -1,7 +1,9 @@
 """The node-management API, in neuron's shapes: discovery, health, and the model lifecycle.
 
-Every route but `/health` requires the API key when one is configured. `POST /models/load` is
-synchronous: it returns once the model's weights are resident and it serves requests.
+Every route but `/health` requires a key when one is configured: load and unload the admin key
+(`--admin-api-key`) when one is set, the read-only routes the inference key or the admin key
+(auth.py). `POST /models/load` is synchronous: it returns once the model's weights are resident
+and it serves requests.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ import time
 
 from fastapi import APIRouter, Depends, Request
 
-from axon.server.auth import require_api_key
+from axon.server.auth import require_admin_key, require_node_key
 from axon.server.errors import ModelNotFound
 from axon.server.lifecycle.discovery import HealthProbe, discover, host_memory
 from axon.server.lifecycle.registry import ActivationTracker
 from axon.server.schemas.node_protocol import ModelInfo, ModelSpec, UnloadRequest
+from axon.server.schemas.protocol import parse_request
 
 router = APIRouter(tags=["node"])
-_authorized = [Depends(require_api_key)]
+_authorized = [Depends(require_node_key)]
+_admin = [Depends(require_admin_key)]
 _health_probe = HealthProbe()
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::"}
 
@@ -65,9 +69,11 @@ async def get_models(request: Request) -> list[ModelInfo]:
     return await _state(request).registry.infos()
 
 
-@router.post("/models/load", dependencies=_authorized)
-async def load_model(spec: ModelSpec, request: Request) -> dict:
+# The bodies are read in the handlers, after the key check: a body parameter is read first.
+@router.post("/models/load", dependencies=_admin)
+async def load_model(request: Request) -> dict:
     """Loads `spec` and returns once it serves requests: `{"status": "loaded", ...}`."""
+    spec = parse_request(await request.body(), ModelSpec)
     registry = _state(request).registry
     await registry.load(spec)
     infos = {info.id: info for info in await registry.infos()}
@@ -79,9 +85,10 @@ async def load_model(spec: ModelSpec, request: Request) -> dict:
     }
 
 
-@router.post("/models/unload", dependencies=_authorized)
-async def unload_model(body: UnloadRequest, request: Request) -> dict:
+@router.post("/models/unload", dependencies=_admin)
+async def unload_model(request: Request) -> dict:
     """Stops admitting requests to the model, lets its in-flight ones finish, stops its engine."""
+    body = parse_request(await request.body(), UnloadRequest)
     await _state(request).registry.unload(body.model_id)
     return {"status": "unloaded", "model_id": body.model_id}
 

@@ -14,7 +14,7 @@ from axon.server.admission import check_request
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.chat_pipeline import prepare_chat
 from axon.server.generation import EventStream, Generation, or_disconnect, served_model
-from axon.server.offload import off_loop
+from axon.server.offload import json_response, maybe_off_loop, off_loop
 from axon.server.schemas.logprobs import prompt_logprobs_json
 from axon.server.schemas.protocol import (
     ChatCompletionRequest,
@@ -53,7 +53,7 @@ class _ChatContext:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return sse(self._envelope("chat.completion.chunk", [choice]))
 
-    def _envelope(self, kind: str, choices: list[dict], **extra) -> dict:
+    def _envelope(self, kind: str, choices, **extra) -> dict:
         return {
             "id": self.id,
             "object": kind,
@@ -72,23 +72,24 @@ class _ChatContext:
         return sse(self._envelope("chat.completion.chunk", [], usage=self.usage(state)))
 
     def response(self, state: RequestState) -> dict:
-        choices = []
-        for sample in state.samples:
-            output = ChoiceOutput(self.plan)
-            message = output.message(sample.text, sample.finish_reason)
-            choices.append(
-                {
-                    "index": sample.index,
-                    "message": message,
-                    "logprobs": self.logprobs(sample, range(len(sample.token_ids))),
-                    "finish_reason": output.finish_reason(sample.finish_reason),
-                    "stop_reason": sample.stop_reason,
-                }
-            )
+        """The whole answer; its choices a generator, each built as offload.encode_json reaches
+        it and dropped once encoded, so that a big answer is never all in memory as objects
+        (whose number would make each of the GC's full passes, which stall the loop, long)."""
+        choices = (self._choice(sample) for sample in state.samples)
         extra = {"usage": self.usage(state)}
         if state.prompt_logprobs is not None:  # vLLM's, when asked
             extra["prompt_logprobs"] = prompt_logprobs_json(state.prompt_logprobs)
         return self._envelope("chat.completion", choices, **extra)
+
+    def _choice(self, sample) -> dict:
+        output = ChoiceOutput(self.plan)
+        return {
+            "index": sample.index,
+            "message": output.message(sample.text, sample.finish_reason),
+            "logprobs": self.logprobs(sample, range(len(sample.token_ids))),
+            "finish_reason": output.finish_reason(sample.finish_reason),
+            "stop_reason": sample.stop_reason,
+        }
 
 
 def _sample_chunks(context: _ChatContext, sample, cursor: SampleCursor, output: ChoiceOutput):
@@ -109,17 +110,27 @@ def _sample_chunks(context: _ChatContext, sample, cursor: SampleCursor, output: 
         yield context.chunk(sample.index, {}, finish=reason)
 
 
+def _step_chunks(context: _ChatContext, state: RequestState, cursors, outputs) -> str:
+    """Every chunk one engine step makes, across the request's samples, as one write."""
+    return "".join(
+        chunk
+        for sample, cursor, output in zip(state.samples, cursors, outputs)
+        for chunk in _sample_chunks(context, sample, cursor, output)
+    )
+
+
 async def _chat_stream(generation: Generation, context: _ChatContext):
     cursors = [SampleCursor() for _ in range(context.params.n)]
     outputs = [ChoiceOutput(context.plan) for _ in range(context.params.n)]
+    wide = context.params.n > 1 or context.params.logprobs is not None
     state = generation.state
     try:
         for index in range(context.params.n):
             yield context.chunk(index, {"role": "assistant", "content": ""})
         async for state in generation:
-            for sample, cursor, output in zip(state.samples, cursors, outputs):
-                for chunk in _sample_chunks(context, sample, cursor, output):
-                    yield chunk
+            chunks = await maybe_off_loop(wide, _step_chunks, context, state, cursors, outputs)
+            if chunks:
+                yield chunks
     except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
         yield error_event(exc)
     else:
@@ -142,4 +153,4 @@ async def create_chat_completion(request: Request):
     if body.stream:
         return EventStream(_chat_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())
-    return await off_loop(context.response, state)
+    return await json_response(context.response, state)

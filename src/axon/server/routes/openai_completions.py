@@ -24,7 +24,7 @@ from axon.server.generation import (
     start_all,
     vocab_size,
 )
-from axon.server.offload import off_loop
+from axon.server.offload import json_response, maybe_off_loop, off_loop
 from axon.server.reasoning_budget import completion_thinking_fields
 from axon.server.sampling import build_sampling_params, check_prompt_ids
 from axon.server.schemas.logprobs import echo_logprobs, prompt_logprobs_json
@@ -91,7 +91,7 @@ async def create_completion(request: Request):
     if body.stream:
         return EventStream(_completion_stream(generations, context), close_all(generations))
     states = await or_disconnect(request, asyncio.gather(*(g.collect() for g in generations)))
-    return await off_loop(context.response, states)
+    return await json_response(context.response, states)
 
 
 async def _prepare(body: CompletionRequest, model, items: list) -> tuple[list, object]:
@@ -163,7 +163,7 @@ class _CompletionContext:
             '"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
         )
 
-    def body_of(self, choices: list[dict], **extra) -> dict:
+    def body_of(self, choices, **extra) -> dict:
         return {
             "id": self.id,
             "object": "text_completion",
@@ -180,7 +180,10 @@ class _CompletionContext:
         return usage(prompt_tokens, 0 if self.body.echo_only else generated, cached)
 
     def response(self, states: list[RequestState]) -> dict:
-        choices = []
+        """The whole answer; its choices a generator (see _ChatContext.response)."""
+        return self.body_of(self._choices(states), usage=self.usage(states))
+
+    def _choices(self, states: list[RequestState]):
         for prompt_index, state in enumerate(states):
             for sample in state.samples:
                 choice = self.choice(prompt_index, sample, *self._whole(state, sample), True)
@@ -188,8 +191,7 @@ class _CompletionContext:
                     choice["finish_reason"], choice["stop_reason"] = "length", None
                 if state.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = prompt_logprobs_json(state.prompt_logprobs)
-                choices.append(choice)
-        return self.body_of(choices, usage=self.usage(states))
+                yield choice
 
     def _whole(self, state: RequestState, sample) -> tuple[str, dict | None]:
         """A finished sample's text and logprobs, after the prompt's with `echo` (the prompt
@@ -243,17 +245,28 @@ class _CompletionContext:
         return choice
 
 
+def _step_chunks(context: _CompletionContext, prompt_index: int, state, cursors) -> str:
+    """Every chunk one engine step of one prompt makes, across its samples, as one write."""
+    chunks = []
+    for sample, cursor in zip(state.samples, cursors):
+        choice = context.streamed(prompt_index, state, sample, cursor)
+        if choice is not None:
+            chunks.append(context.chunk(choice))
+    return "".join(chunks)
+
+
 async def _completion_stream(generations: list[Generation], context: _CompletionContext):
     cursors = [[SampleCursor() for _ in range(context.params.n)] for _ in generations]
+    wide = context.params.n > 1 or context.params.logprobs is not None or context.body.echo
     states: dict[int, RequestState] = {}
     try:
         async with contextlib.aclosing(merge(generations)) as progress:
             async for prompt_index, state in progress:
                 states[prompt_index] = state
-                for sample, cursor in zip(state.samples, cursors[prompt_index]):
-                    choice = context.streamed(prompt_index, state, sample, cursor)
-                    if choice is not None:
-                        yield context.chunk(choice)
+                step = (context, prompt_index, state, cursors[prompt_index])
+                chunks = await maybe_off_loop(wide, _step_chunks, *step)
+                if chunks:
+                    yield chunks
     except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
         yield error_event(exc)
     else:

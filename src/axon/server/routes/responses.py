@@ -18,7 +18,7 @@ from axon.server.generation import (
     or_disconnect,
     served_model,
 )
-from axon.server.offload import off_loop
+from axon.server.offload import json_response, off_loop
 from axon.server.schemas.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -344,7 +344,7 @@ async def create_response(request: Request):
     if body.stream:
         return EventStream(_response_stream(generation, context), generation.aclose)
     state = await or_disconnect(request, generation.collect())
-    return await off_loop(context.final, state)
+    return await json_response(context.final, state)
 
 
 def _prepare(model, body: ResponsesRequest) -> PreparedChat:

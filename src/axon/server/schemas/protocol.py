@@ -14,7 +14,6 @@ stop_token_ids, 300 logit_bias entries; tools and schemas: see request_checks.py
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -30,6 +29,7 @@ from pydantic import (
 )
 
 from axon.server.errors import AxonHTTPError, BadRequest
+from axon.server.offload import dumps_json
 from axon.server.schemas.logprobs import chat_logprobs as chat_logprobs
 from axon.server.schemas.logprobs import completion_logprobs as completion_logprobs
 from axon.server.schemas.request_checks import (
@@ -333,10 +333,8 @@ class SampleCursor:
 
 
 def sse(data: dict | str, event: str | None = None) -> str:
-    compact = (",", ":")
-    payload = (
-        data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=compact)
-    )
+    """One server-sent event; a dict is encoded as whole answers are (offload.dumps_json)."""
+    payload = data if isinstance(data, str) else dumps_json(data).decode()
     return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
 
 
