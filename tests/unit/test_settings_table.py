@@ -63,8 +63,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
 SERVER_OPTIONS = {
     "help", "model", "config", "host", "port", "api_key", "shutdown_grace", "log_level",
     "allowed_local_model_path", "allowed_media_domains", "allowed_local_media_path", "no_demo",
-    "headless",
-    "chat_template_dir",
+    "headless", "chat_template_dir", "admin_api_key",
 }  # fmt: skip
 
 
