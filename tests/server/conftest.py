@@ -103,10 +103,12 @@ class Server:
 
 
 def _serve_args(model_dir: Path) -> list[str]:
-    args = [str(model_dir), "--port", "0", "--served-model-name", MODEL_ID]
-    args += ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS)]
-    args += ["--kv-cache-memory", "16M", "--dtype", "float32", "--log-level", "warning"]
-    return args
+    return [str(model_dir), "--served-model-name", MODEL_ID, *_ENGINE_ARGS]
+
+
+_ENGINE_ARGS = ["--port", "0", "--max-model-len", str(MAX_MODEL_LEN)]
+_ENGINE_ARGS += ["--max-num-seqs", str(MAX_NUM_SEQS), "--kv-cache-memory", "16M"]
+_ENGINE_ARGS += ["--dtype", "float32", "--log-level", "warning"]
 
 
 def _server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -151,6 +153,23 @@ def start_server(model_dir: Path, env: dict[str, str] | None = None) -> Server:
         _wait_until_serving(server)
     except BaseException:
         stop_server(server)  # never leave a server behind when the load fails
+        raise
+    return server
+
+
+def start_multi_server(models: dict[str, Path]) -> Server:
+    """One `axon serve` (the engine settings of start_server) serving each checkpoint of
+    `models` under its key, one engine process each: cheaper than a server per checkpoint."""
+    tables = ", ".join(
+        f"{{model_id = {json.dumps(str(path))}, served_model_name = {json.dumps(name)}}}"
+        for name, path in models.items()
+    )
+    server = spawn_serve(["--no-demo", *_ENGINE_ARGS], {"AXON_DEFAULT_MODELS": f"[{tables}]"})
+    try:
+        for name in models:
+            _wait_until_serving(server, model_id=name)
+    except BaseException:
+        stop_server(server)
         raise
     return server
 
