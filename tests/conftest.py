@@ -5,6 +5,8 @@ tokenizer.json cached under ~/.cache/axon-test)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import importlib.util
 import os
@@ -71,6 +73,18 @@ def _slow_files_first(items: list[pytest.Item]) -> None:
 
     order = sorted(range(len(items)), key=lambda index: (key(files[index]), index))
     items[:] = [items[index] for index in order]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Every in-process engine load calls gc.collect (axon returns a load's freed heap to the
+    # system), and a worker that imported torch, transformers and the test modules tracks over
+    # half a million objects: 0.5 s a collection. Frozen, what collection left is never scanned
+    # again (it is module-level state that lives as long as the worker anyway). Hypothesis is
+    # imported first: its import registers trio's Random after checking, with
+    # gc.get_referrers (blind to frozen objects), that something holds it.
+    with contextlib.suppress(ImportError):
+        import hypothesis  # noqa: F401
+    gc.freeze()
 
 
 def _cuda_available() -> bool:
