@@ -218,6 +218,24 @@ def server(tiny_chat_model: Path):
     stop_server(running)
 
 
+@pytest.fixture(scope="session")
+def thinking_server(tmp_path_factory: pytest.TempPathFactory):
+    """tests/parsers' byte-level model, its template opening `<think>` when thinking is on (as
+    Qwen3's thinking-only releases do), served: what it writes is reasoning."""
+    # lazy: tests/parsers/conftest.py imports this module
+    from tests.parsers.conftest import CHAT_TEMPLATE, byte_tokenizer, write_byte_model
+
+    no_think = "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    assert no_think in CHAT_TEMPLATE
+    path = write_byte_model(tmp_path_factory.mktemp("thinking_byte_qwen3"))
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE.replace(no_think, no_think + "{% else %}<think>")
+    tokenizer.save_pretrained(path)
+    running = start_server(path)
+    yield running
+    stop_server(running)
+
+
 @pytest.fixture()
 def client(server: Server):
     """The official OpenAI client on the test server (no retries: a 429 must surface)."""
