@@ -60,6 +60,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         stop_prefetch(process)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist runs too
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     if config.getvalue("dist") == "loadfile":
         return suite_order.make_scheduler(config, log)
