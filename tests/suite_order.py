@@ -17,6 +17,7 @@ import pytest
 # Seconds each file over 7 s took in a two-worker run (`--durations=0`, summed per file); a
 # rough guide to the order, not a limit. A file not listed counts SECONDS_PER_TEST a test.
 FILE_SECONDS = {
+    "tests/faults/test_admission.py": 85,
     "tests/quant/test_gguf_moe.py": 65,
     "tests/server/test_tensor_parallel_serve.py": 57,
     "tests/faults/test_engine_faults.py": 56,
@@ -29,6 +30,8 @@ FILE_SECONDS = {
     "tests/model/test_qwen3_5_serve.py": 36,
     "tests/server/test_embeddings.py": 33,
     "tests/engine/test_tensor_parallel_families.py": 31,
+    "tests/faults/test_big_answers.py": 30,
+    "tests/faults/test_recovery_faults.py": 30,
     "tests/faults/test_hostile_input.py": 29,
     "tests/server/test_lifecycle.py": 28,
     "tests/engine/test_tensor_parallel_vision.py": 27,

@@ -279,7 +279,7 @@ def test_n_samples_share_the_prompt(tiny):
 def test_abort_frees_the_slot(tiny):
     llm = _llm(tiny, block_size=4, max_num_seqs=2)
     engine = llm.engine
-    engine.add_request("a", random_prompt(30, 5), SamplingParams(max_tokens=8))
+    engine.add_request("a", random_prompt(30, 5), SamplingParams(max_tokens=8, ignore_eos=True))
     engine.step()
     assert engine.state_slots.num_free_slots == 1
     engine.abort(["a"])
