@@ -209,7 +209,7 @@ class EngineClient:
         if self.process.exitcode is None and time.monotonic() < deadline:
             self.loop.call_later(EXIT_CODE_POLL_S, self._await_exit_code, deadline)
             return
-        self._lost(f"engine process {describe_exit(self.process.exitcode)}")
+        self._lost(f"engine process died ({describe_exit(self.process.exitcode)})")
 
     def _check_deadline(self) -> None:
         silent_s = time.monotonic() - self.last_heard
@@ -297,6 +297,8 @@ class EngineClient:
     def _send(self, message: Message) -> None:
         if self.dead:
             raise EngineError("engine process is not running")
+        if self._aborts and not isinstance(message, Abort):
+            self._send_aborts()  # what was closed before this message reaches the engine first
         self._outbox.put(message)
 
     # ---- requests and commands --------------------------------------------------------------
