@@ -33,12 +33,12 @@ class EmbeddingRequest(OpenAIModel):
 async def create_embeddings(request: Request) -> dict:
     body = await off_loop(parse_request, await request.body(), EmbeddingRequest)
     model = served_model(request, body.model)
-    prompts = await off_loop(_prompts, body, model)
+    prompts = await off_loop(embedding_prompts, body, model)
     vectors = await or_disconnect(request, model.embed(prompts))
-    return await off_loop(_response, body, model, prompts, vectors)
+    return await off_loop(embedding_response, body, model, prompts, vectors)
 
 
-def _prompts(body: EmbeddingRequest, model) -> list[list[int]]:
+def embedding_prompts(body: EmbeddingRequest, model) -> list[list[int]]:
     """The token ids of each input: texts tokenized, token-id lists checked."""
     inputs = body.input
     if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
@@ -95,7 +95,7 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
-def _response(body: EmbeddingRequest, model, prompts: list[list[int]], vectors) -> dict:
+def embedding_response(body: EmbeddingRequest, model, prompts: list[list[int]], vectors) -> dict:
     normalize = bool((model.client.info.get("pooling") or {}).get("normalize"))
     data = [
         {
