@@ -270,7 +270,127 @@ def test_error_shapes(server):
     assert extra.status_code == 400 and "nonsense" in extra.json()["error"]
     yaml = post("/api/chat", json={"model": MODEL_ID, "messages": HELLO, "format": "yaml"})
     assert yaml.status_code == 400 and "format" in yaml.json()["error"]
+    picture = [{"role": "user", "content": "What is this?", "images": ["iVBORw0KGgo="]}]
+    no_vision = post("/api/chat", json={"model": MODEL_ID, "messages": picture, "stream": False})
+    assert no_vision.status_code == 400 and "image" in no_vision.json()["error"]
     loaded = post("/api/generate", json={"model": MODEL_ID})
     assert loaded.json()["done_reason"] == "load"
     embed_chat = post("/api/chat", json={"model": EMBED_ID, "messages": HELLO, "stream": False})
     assert embed_chat.status_code == 400 and set(embed_chat.json()) == {"error"}
+
+
+# ---- in process: the answer's shape, the API key, keep_alive 0 ------------------------------
+
+
+class _Sample:
+    """An engine sample that has written `pieces` so far, one per step."""
+
+    def __init__(self, pieces: list[str]):
+        self.pieces, self.step, self.text, self.token_ids = pieces, 0, "", []
+        self.finish_reason, self.finished = None, False
+
+    def advance(self) -> None:
+        self.text += self.pieces[self.step]
+        self.token_ids.append(self.step)
+        self.step += 1
+        self.finished = self.step == len(self.pieces)
+        self.finish_reason = "stop" if self.finished else None
+
+    def new_text(self) -> str:
+        return self.pieces[self.step - 1]
+
+
+class _Generation:
+    """Generation's interface over one scripted sample."""
+
+    def __init__(self, pieces: list[str]):
+        from types import SimpleNamespace
+
+        self.state = SimpleNamespace(samples=[_Sample(pieces)], prompt_token_ids=[1, 2, 3])
+
+    async def __aiter__(self):
+        while not self.state.samples[0].finished:
+            self.state.samples[0].advance()
+            yield self.state
+
+    async def aclose(self) -> None:
+        pass
+
+
+CALL_TEXT = [
+    "<think>\nParis, then.",
+    "\n</think>\n\n<tool_call>\n",
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    "\n</tool_call>",
+]
+
+
+def _reply():
+    from axon.server.chat_output import ChatOutputPlan
+    from axon.server.chat_pipeline import PreparedChat
+    from axon.server.routes.ollama import Reply
+    from axon.tokenizer.parsers import ParserFamily
+
+    plan = ChatOutputPlan(ParserFamily(True, "hermes"), "", [WEATHER], True, True, False, True)
+    prepared = PreparedChat("", [1, 2, 3], plan, None, None)
+    return Reply(MODEL_ID, prepared, chat=True, raw=False, started_at=0.0)
+
+
+def test_a_parsed_tool_call_comes_back_in_ollamas_shape_whole_and_streamed():
+    """The model's Hermes call (Qwen3's form) as the client parses it: arguments an object,
+    thinking apart; streamed, the call comes whole in one line before the last."""
+    import asyncio
+
+    from axon.server.routes.ollama import _lines
+
+    generation = _Generation(CALL_TEXT)
+
+    async def stream() -> list[str]:
+        return [line async for line in _lines(generation, _reply())]
+
+    lines = [ollama.ChatResponse.model_validate(json.loads(line)) for line in asyncio.run(stream())]
+    whole = ollama.ChatResponse.model_validate(_reply().whole(generation.state))
+    for message in (whole.message, lines[-2].message):
+        (call,) = message.tool_calls
+        assert call.function.name == "get_weather" and call.function.arguments == {"city": "Paris"}
+    assert whole.message.thinking == "".join(line.message.thinking or "" for line in lines)
+    assert "Paris, then." in whole.message.thinking and whole.message.content == ""
+    assert lines[-1].done and lines[-1].done_reason == "stop" and lines[-1].eval_count == 4
+
+
+def _in_process(api_key: str | None, registry):
+    from types import SimpleNamespace
+
+    from axon.server.app import create_app
+
+    app = create_app(SimpleNamespace(config=SimpleNamespace(api_key=api_key), registry=registry))
+    return httpx.ASGITransport(app=app)
+
+
+def test_the_api_key_and_keep_alive_zero_in_process():
+    """The server's key as a bearer token, refused in Ollama's shape; an empty chat with
+    keep_alive 0 unloads the model (Ollama's way of unloading one)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    unloaded = []
+
+    async def unload(model_id):
+        unloaded.append(model_id)
+
+    model = SimpleNamespace(id="m")
+    registry = SimpleNamespace(get=lambda name: model, aliases={}, unload=unload)
+    transport = _in_process("sekrit", registry)
+
+    async def scenario():
+        wrong = ollama.AsyncClient(host="http://app", transport=transport)
+        right = ollama.AsyncClient(
+            host="http://app", transport=transport, headers={"Authorization": "Bearer sekrit"}
+        )
+        with pytest.raises(ollama.ResponseError) as refused:
+            await wrong.chat(model="m", messages=[])
+        return refused.value, await right.chat(model="m", messages=[], keep_alive=0)
+
+    refused, answer = asyncio.run(scenario())
+    assert refused.status_code == 401 and "API key" in refused.error
+    assert answer.done and answer.done_reason == "unload" and unloaded == ["m"]
