@@ -159,3 +159,31 @@ def test_messages_translate_to_chat_messages():
         "type": "image_url",
         "image_url": {"url": "data:;base64,iVBORw0KGgo="},
     }
+
+
+def test_every_field_the_ollama_client_sends_is_decided():
+    """The installed client's request fields: each one declared by axon's schema (honoured or
+    refused by its own check), or refused as unknown (image generation's); each option honoured,
+    neutral or refused by name, none "unknown" to axon. A client upgrade that adds one fails
+    here until it is decided."""
+    types = pytest.importorskip("ollama._types")
+    from axon.server.schemas import ollama as schemas
+    from axon.server.schemas.ollama_options import _check_option
+
+    image_generation = {"width", "height", "steps"}
+    pairs = [
+        (types.ChatRequest, schemas.ChatRequest),
+        (types.GenerateRequest, schemas.GenerateRequest),
+        (types.EmbedRequest, schemas.EmbedRequest),
+        (types.EmbeddingsRequest, schemas.EmbeddingsRequest),
+        (types.ShowRequest, schemas.ShowRequest),
+        (types.PullRequest, schemas.PullRequest),
+    ]
+    for client_type, ours in pairs:
+        undecided = set(client_type.model_fields) - set(ours.model_fields) - image_generation
+        assert not undecided, (client_type.__name__, undecided)
+    for name in types.Options.model_fields:
+        try:
+            _check_option(name, None)
+        except BadRequest as refused:
+            assert "not an option axon knows" not in refused.message, name

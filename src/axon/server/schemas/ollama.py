@@ -120,10 +120,9 @@ class EmbeddingsRequest(_Model):
     keep_alive: KeepAlive = None
 
 
-class ShowRequest(_Strict):
+class _Named(_Strict):
     model: str | None = None
     name: str | None = None  # Ollama's older spelling of `model`
-    verbose: bool = False
 
     def model_name(self) -> str:
         name = self.model or self.name
@@ -132,8 +131,12 @@ class ShowRequest(_Strict):
         return name
 
 
-class PullRequest(ShowRequest):
-    insecure: bool = False
+class ShowRequest(_Named):
+    verbose: bool = False  # the answer is the same either way: axon has no GGUF key dump
+
+
+class PullRequest(_Named):
+    insecure: bool = False  # nothing is fetched, so no connection to secure
     stream: bool = True
 
 
