@@ -174,12 +174,12 @@ def test_tags_ps_show_version(client):
     assert httpx.get(str(client._client.base_url) + "/api/version").json()["version"]
 
 
-def test_pull_of_a_loaded_model_succeeds_and_of_another_is_501(client):
+def test_pull_of_a_loaded_model_succeeds_and_a_library_name_is_a_400(client):
     assert client.pull(MODEL_ID).status == "success"
     assert [p.status for p in client.pull(ALIAS, stream=True)] == ["success"]
     with pytest.raises(ollama.ResponseError) as refused:
-        client.pull("Qwen/Qwen3-0.6B-GGUF:Q8_0")
-    assert refused.value.status_code == 501 and "not supported" in refused.value.error
+        client.pull("llama3.2-vision")  # Ollama's library: not a source axon has
+    assert refused.value.status_code == 400 and "Hugging Face repo id" in refused.value.error
 
 
 def test_embed_and_embeddings(client, server):
@@ -394,3 +394,48 @@ def test_the_api_key_and_keep_alive_zero_in_process():
     refused, answer = asyncio.run(scenario())
     assert refused.status_code == 401 and "API key" in refused.error
     assert answer.done and answer.done_reason == "unload" and unloaded == ["m"]
+
+
+def test_pull_loads_a_repo_with_its_progress_streamed_in_process():
+    """A pull is the node API's load of the repo (a GGUF quant after the colon), served under
+    the name pulled; the weights' bytes stream as the engine loads them."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from axon.server.errors import ModelNotFound
+
+    loads, progress, read = [], {}, asyncio.Event()
+
+    async def load(spec):
+        loads.append(spec)
+        if spec.quant is None:
+            return  # the whole (unstreamed) pull's load: nobody reads its progress
+        for loaded in (10, 20):  # each step waits until the route has read the last one
+            progress[spec.served_id] = {"loaded_bytes": loaded, "total_bytes": 20}
+            read.clear()
+            await read.wait()
+
+    def load_progress(served_id):
+        read.set()
+        return progress.get(served_id)
+
+    def missing(name):
+        raise ModelNotFound(f"model {name!r} is not loaded", param="model")
+
+    registry = SimpleNamespace(get=missing, aliases={}, load=load, load_progress=load_progress)
+    transport = _in_process(None, registry)
+
+    async def scenario():
+        client = ollama.AsyncClient(host="http://app", transport=transport)
+        lines = [line async for line in await client.pull("org/tiny-GGUF:Q8_0", stream=True)]
+        whole = await client.pull("org/tiny:latest")
+        return lines, whole
+
+    lines, whole = asyncio.run(scenario())
+    assert lines[0].status == "pulling org/tiny-GGUF" and lines[-1].status == "success"
+    assert [(p.completed, p.total) for p in lines if p.total] == [(10, 20), (20, 20)]
+    assert whole.status == "success"
+    assert [(s.model_id, s.quant, s.served_id) for s in loads] == [
+        ("org/tiny-GGUF", "Q8_0", "org/tiny-GGUF:Q8_0"),
+        ("org/tiny", None, "org/tiny:latest"),
+    ]

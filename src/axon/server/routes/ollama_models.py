@@ -5,12 +5,15 @@
 axon has no model store of its own yet: `tags` and `ps` both list the loaded models (`tags`
 with each alias too, whose `details.parent_model` is the served id), sizes are the weights'
 bytes in memory, and `ps` gives no `expires_at` since a model stays loaded until unloaded.
-`pull` succeeds only for a model that is already loaded; any other name is a 501 saying how to
-load one (the node API's `POST /models/load`, or `axon serve`'s model argument).
+`pull` loads a Hugging Face repo (`org/name`, or `org/name:QUANT` for one GGUF file of it) as the
+node API's `POST /models/load` does, served under the name pulled, its progress streamed; a model
+already loaded is a success at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,13 +22,21 @@ from fastapi.responses import Response
 
 from axon import __version__
 from axon.server.auth import require_api_key
-from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound
+from axon.server.errors import BadRequest, ModelNotFound
 from axon.server.generation import or_disconnect
-from axon.server.lifecycle.sources import quant_label
+from axon.server.lifecycle.recovery import retrieve_exception
+from axon.server.lifecycle.sources import is_repo_id, quant_label
 from axon.server.offload import off_loop
 from axon.server.reasoning_budget import supported_efforts
 from axon.server.routes.embeddings import EmbeddingRequest, embedding_prompts, embedding_response
-from axon.server.routes.ollama import OllamaRoute, ndjson, ollama_model
+from axon.server.routes.ollama import (
+    NdjsonStream,
+    OllamaRoute,
+    error_response,
+    ndjson,
+    ollama_model,
+)
+from axon.server.schemas.node_protocol import ModelSpec
 from axon.server.schemas.ollama import (
     EmbeddingsRequest,
     EmbedRequest,
@@ -39,9 +50,7 @@ from axon.tokenizer.parsers import parser_family
 router = APIRouter(route_class=OllamaRoute, dependencies=[Depends(require_api_key)])
 
 
-class NotImplementedHere(AxonHTTPError):
-    status_code = 501
-    error_type = "not_implemented"
+_PROGRESS_S = 0.5  # how often a streamed pull reports the load's progress
 
 
 # ---- what a model is ------------------------------------------------------------------------
@@ -168,20 +177,66 @@ async def show(request: Request) -> dict:
     }
 
 
+def pull_spec(name: str) -> ModelSpec:
+    """The load spec of a pull: `org/name` or `org/name:QUANT` (a GGUF file of the repo, by
+    substring; `:latest` is none), served under the name pulled. Raises BadRequest for any
+    other name (Ollama's library names are not a source axon has)."""
+    head, colon, tag = name.rpartition(":")
+    repo, quant = (head, tag) if colon and "/" in head and "/" not in tag else (name, None)
+    if not is_repo_id(repo):
+        raise BadRequest(
+            f"model {name!r}: pull takes a Hugging Face repo id, org/name or org/name:QUANT "
+            "(Ollama's library names are not available)",
+            param="model",
+        )
+    return ModelSpec(
+        model_id=repo, quant=None if quant == "latest" else quant, served_model_name=name
+    )
+
+
+async def _pull_lines(registry, spec: ModelSpec, name: str):
+    """Ollama's pull progress: what is fetched, the weights' bytes as the engine loads them,
+    then `success`, or an `{"error"}` line."""
+    load = asyncio.ensure_future(registry.load(spec))
+    load.add_done_callback(retrieve_exception)  # the client may go before the load ends
+    yield ndjson({"status": f"pulling {spec.model_id}"})
+    shown = None
+    try:
+        while not load.done():
+            await asyncio.wait({load}, timeout=_PROGRESS_S)
+            progress = registry.load_progress(spec.served_id)
+            if progress is not None and progress != shown:
+                shown = progress
+                line = {"total": progress["total_bytes"], "completed": progress["loaded_bytes"]}
+                yield ndjson({"status": f"loading {name}", **line})
+        load.result()
+        yield ndjson({"status": "success"})
+    except Exception as exc:  # noqa: BLE001 - reported in the stream, which has started
+        yield ndjson(json.loads(error_response(exc).body))
+
+
 @router.post("/api/pull")
 async def pull(request: Request):
-    """Success for a model already loaded; anything else is a 501 (no model store yet)."""
+    """Loads a HF repo (or one GGUF quant of it) as the node API's load does; a model already
+    loaded is a success at once."""
     body = await off_loop(parse_request, await request.body(), PullRequest)
     name = body.model_name()
     try:
         ollama_model(request, name)
     except ModelNotFound:
-        raise NotImplementedHere(
-            f"pulling models is not supported: {name!r} is not loaded. Load it with the node "
-            "API (POST /models/load with a HF repo id or a local path) or name it when starting "
-            "axon serve",
-        ) from None
+        pass
+    else:
+        return _success(body.stream)
+    spec = pull_spec(name)
+    registry = request.app.state.axon.registry
     if body.stream:
+        return NdjsonStream(_pull_lines(registry, spec, name))
+    await registry.load(spec)
+    return _success(stream=False)
+
+
+def _success(stream: bool):
+    if stream:
         return Response(ndjson({"status": "success"}), media_type="application/x-ndjson")
     return {"status": "success"}
 
