@@ -152,6 +152,7 @@ def test_messages_translate_to_chat_messages():
             {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
         ],
     }
+    assert chat_message(Message(role="assistant", content=None))["content"] == ""
     tool = chat_message(Message(role="tool", content="ok", tool_name="f"))
     assert tool == {"role": "tool", "content": "ok", "name": "f"}
     user = chat_message(Message(role="user", content="see", images=["iVBORw0KGgo="]))

@@ -52,7 +52,7 @@ class ToolCall(_Strict):
 
 class Message(_Strict):
     role: str
-    content: str = ""
+    content: str | None = ""  # null reads as "", as Ollama's own server reads it
     images: list[str] | None = None
     thinking: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -149,9 +149,10 @@ def _image_parts(images: list[str]) -> list[dict]:
 
 def chat_message(message: Message) -> dict:
     """An Ollama message as a chat completions message."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    text = message.content or ""
+    out: dict[str, Any] = {"role": message.role, "content": text}
     if message.images:
-        out["content"] = [{"type": "text", "text": message.content}, *_image_parts(message.images)]
+        out["content"] = [{"type": "text", "text": text}, *_image_parts(message.images)]
     if message.thinking:
         out["reasoning_content"] = message.thinking
     if message.tool_calls:
