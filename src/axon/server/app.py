@@ -21,6 +21,8 @@ from axon.server.reasoning_budget import supported_efforts
 from axon.server.routes import (
     anthropic,
     embeddings,
+    ollama,
+    ollama_models,
     openai_chat,
     openai_completions,
     responses,
@@ -185,6 +187,9 @@ def create_app(state, lifespan=None) -> FastAPI:
         app.include_router(router, dependencies=v1)
     # Its own key check (x-api-key or a bearer token) and error shape: see anthropic.py.
     app.include_router(anthropic.router)
+    # Ollama's API: its own error shape, the same key (see ollama.py).
+    app.include_router(ollama.router)
+    app.include_router(ollama_models.router)
     app.include_router(utility_routes.open_router)
     for module in ("axon.server.routes.node_api", "axon.server.metrics"):
         router = _optional(module, "router")

@@ -10,6 +10,7 @@ stream deltas.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from axon.server.errors import BadRequest
@@ -30,6 +31,17 @@ _TRUE = ("1", "true", "yes")
 def include_thinking(headers) -> bool:
     """neuron's `x-include-thinking: 1|true|yes`: reasoning goes into content, with markers."""
     return (headers.get("x-include-thinking") or "").strip().lower() in _TRUE
+
+
+def call_arguments(arguments: str) -> dict:
+    """A call's arguments as an object (Anthropic's `input`, Ollama's `arguments`); {} when the
+    model's text is not a JSON object (a call cut off by max_tokens), which the stop reason then
+    explains."""
+    try:
+        value = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _function(tool: dict) -> dict:

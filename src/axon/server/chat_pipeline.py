@@ -1,7 +1,7 @@
-"""The chat pipeline up to the engine, shared by the chat route, `/v1/messages` and
-`/v1/responses`: the template renders the messages, the images are fetched and their placeholders
-expanded, the output plan (reasoning, tool calls, structured output) and the sampling params are
-made (`prepare_chat`)."""
+"""The chat pipeline up to the engine, shared by the chat route, `/v1/messages`, `/v1/responses`
+and Ollama's `/api/chat` and `/api/generate`: the template renders the messages, the images are
+fetched and their placeholders expanded, the output plan (reasoning, tool calls, structured
+output) and the sampling params are made (`prepare_chat`)."""
 
 from __future__ import annotations
 

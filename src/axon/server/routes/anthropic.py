@@ -21,7 +21,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from axon.server.auth import bearer_token
-from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
+from axon.server.chat_output import ChatOutputPlan, ChoiceOutput, call_arguments
 from axon.server.chat_pipeline import PreparedChat, chat_prompt, prepare_chat
 from axon.server.errors import AxonHTTPError, Unauthorized
 from axon.server.generation import (
@@ -114,16 +114,6 @@ def _tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def _tool_input(arguments: str) -> dict:
-    """A call's arguments as the object Anthropic's `input` is; {} when the model's text is not
-    a JSON object (a call cut off by max_tokens), which the stop reason then explains."""
-    try:
-        value = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def content_blocks(message: dict) -> list[dict]:
     """A chat message (ChoiceOutput.message) as content blocks: thinking, text, tool uses; an
     empty text block when there is nothing else, so that `content[0]` always exists."""
@@ -140,7 +130,7 @@ def content_blocks(message: dict) -> list[dict]:
                 "type": "tool_use",
                 "id": _tool_use_id(call["id"]),
                 "name": function["name"],
-                "input": _tool_input(function["arguments"]),
+                "input": call_arguments(function["arguments"]),
             }
         )
     return blocks or [{"type": "text", "text": ""}]

@@ -33,13 +33,13 @@ class EmbeddingRequest(OpenAIModel):
 async def create_embeddings(request: Request) -> Response:
     body = await off_loop(parse_request, await request.body(), EmbeddingRequest)
     model = served_model(request, body.model)
-    model.size_caps.check_sequences(len(_inputs(body)), prompts_param="input")
-    prompts = await off_loop(_prompts, body, model)
+    model.size_caps.check_sequences(len(embedding_inputs(body)), prompts_param="input")
+    prompts = await off_loop(embedding_prompts, body, model)
     vectors = await or_disconnect(request, model.embed(prompts))
-    return await json_response(_response, body, model, prompts, vectors)
+    return await json_response(embedding_response, body, model, prompts, vectors)
 
 
-def _inputs(body: EmbeddingRequest) -> list:
+def embedding_inputs(body: EmbeddingRequest) -> list:
     """The inputs the request carries, as sent (texts or token-id lists)."""
     inputs = body.input
     if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
@@ -47,9 +47,9 @@ def _inputs(body: EmbeddingRequest) -> list:
     return inputs
 
 
-def _prompts(body: EmbeddingRequest, model) -> list[list[int]]:
+def embedding_prompts(body: EmbeddingRequest, model) -> list[list[int]]:
     """The token ids of each input: texts tokenized, token-id lists checked."""
-    inputs = _inputs(body)
+    inputs = embedding_inputs(body)
     if not inputs:
         raise BadRequest("input must not be empty", param="input")
     _check_dimensions(body.dimensions, model)
@@ -102,7 +102,7 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
-def _response(body: EmbeddingRequest, model, prompts: list[list[int]], vectors) -> dict:
+def embedding_response(body: EmbeddingRequest, model, prompts: list[list[int]], vectors) -> dict:
     normalize = bool((model.client.info.get("pooling") or {}).get("normalize"))
     data = [
         {
