@@ -42,13 +42,13 @@ def use_int8_activations(model: nn.Module) -> int:
 
 def set_activation_precision(setting: str, model: nn.Module) -> str:
     """Sets the loaded `model` (before its first forward) to the precision `setting` means for
-    it, and returns that: float32 and int8 as they say; auto is int8 where that measured as fast
-    as llama.cpp at llama.cpp's own quality (docs/performance.md): quantized GGUF weights on the
-    CPU, and a CPU with the 8-bit kernels' SIMD path (ggml_q8.simd). Float weights, a GPU, or no
-    such kernels: float32, the exact path."""
+    it, and returns that: float32 and int8 as they say; auto is int8 where int8 measured faster
+    than llama.cpp's server at llama.cpp's own quality (docs/performance.md): quantized GGUF
+    weights on the CPU, and a CPU with the 8-bit kernels' SIMD path (ggml_q8.simd). Float
+    weights, a GPU, or no such kernels: float32, the exact path."""
     precision = setting
     if setting == "auto":
-        precision = "int8" if ggml_q8.simd() and _int8_weights(model) > 0 else "float32"
+        precision = "int8" if _int8_weights(model) > 0 and ggml_q8.simd() else "float32"
         logger.info("activation precision auto: %s", precision)
     if precision == "int8":
         use_int8_activations(model)
