@@ -1,4 +1,4 @@
-r"""How far 8-bit activations move the next-token distribution: axon's opt-in int8 path and
+r"""How far 8-bit activations move the next-token distribution: axon's int8 path and
 llama.cpp, each against axon's exact (float32-activation) path, on the same GGUF, the same
 token ids, every position of a few windows of real English prose.
 
@@ -8,8 +8,9 @@ tokenized with the model's tokenizer; window i is BOS + the next --window-len te
 every one of its --window-len positions is scored (the distribution over the token after it).
 
 Each engine computes the logits of every position of a window in one step (a batched prefill):
-- exact: axon's default path (`LLM(model)`): the engine's own scheduler, runner and model
-  forward (the real `ModelRunner.prepare` / `forward_logits`), asked for every row's logits;
+- exact: axon's float32 path (`LLM(model, activation_precision="float32")`): the engine's
+  own scheduler, runner and model forward (the real `ModelRunner.prepare` / `forward_logits`),
+  asked for every row's logits;
 - int8: the same with `LLM(model, activation_precision="int8")` (K / V kept in float16, its
   default `kv_cache_dtype`), and int8-f32kv with a float32 KV cache;
 - llama.cpp: llama-cpp-python's C API, one llama_decode per window with every logit kept
@@ -275,7 +276,9 @@ def run_engines(args, model: Path, windows, out_dir: Path) -> tuple[dict, dict, 
     """(engine -> logits files, engine -> forward seconds, engine -> why it was not run)."""
     paths, seconds, unavailable = {}, {}, {}
     if "exact" in args.engines:
-        paths["exact"], seconds["exact"] = axon_logits(model, windows, out_dir, "exact")
+        paths["exact"], seconds["exact"] = axon_logits(
+            model, windows, out_dir, "exact", activation_precision="float32"
+        )
     int8_engines = {"int8": {}, "int8-f32kv": {"kv_cache_dtype": "float32"}}
     for name, extra in int8_engines.items():
         if name not in args.engines:

@@ -37,7 +37,7 @@ class _EngineConfigBase:
             f"must be a multiple of nnodes {self.nnodes}",
         )
         check(
-            self.activation_precision == "float32" or str(self.model).lower().endswith(".gguf"),
+            self.activation_precision != "int8" or str(self.model).lower().endswith(".gguf"),
             "activation_precision",
             f"int8 applies to GGUF weights only, and {self.model!r} is not a .gguf file",
         )
@@ -65,7 +65,8 @@ class _EngineConfigBase:
         return torch.device(self.device)
 
     def kv_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        """The KV cache's dtype for a model running in `model_dtype`."""
+        """The KV cache's dtype for a model running in `model_dtype` (the runner asks once the
+        model is loaded, with `auto` activations resolved)."""
         import torch
 
         if self.kv_cache_dtype != "auto":

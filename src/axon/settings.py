@@ -88,7 +88,8 @@ def _int_list(values: list) -> bool:
 _INT8_HELP = (
     "int8: every step (prefill, batch-1 and multi-stream decode, MoE experts) on GGUF weights "
     "quantizes activations to 8 bits per block (llama.cpp's Q8_K / Q8_0) and uses integer dot "
-    "products (default: float32, exact)"
+    "products; float32: exact (token for token with transformers); auto (default): int8 for "
+    "quantized GGUF weights on a CPU with AVX2, else float32"
 )
 
 TABLE: tuple[Setting, ...] = (
@@ -123,8 +124,9 @@ TABLE: tuple[Setting, ...] = (
     Setting("task", str, "auto", "embed: pooled hidden states (/v1/embeddings), prefill only; "
             "auto: embed when the checkpoint has a sentence-transformers pooling config",
             EVERYWHERE, choices=("auto", "generate", "embed")),
-    Setting("activation_precision", str, "float32", _INT8_HELP, EVERYWHERE,
-            choices=("float32", "int8")),
+    # auto is int8 where it measured as accurate as llama.cpp and faster (docs/performance.md)
+    Setting("activation_precision", str, "auto", _INT8_HELP, EVERYWHERE,
+            choices=("auto", "float32", "int8"), rule="must be float32 or int8, or auto"),
     Setting("kv_cache_dtype", str, "auto", "KV cache element type; auto: float16 with int8 "
             "activations (half the bytes a decode step reads), else dtype's", EVERYWHERE,
             choices=DTYPES, shown=_DTYPE_SHOWN, rule=_DTYPE_RULE),

@@ -221,8 +221,8 @@ def q8_file(tmp_path_factory, qwen3_tokenizer, converter):  # noqa: F811 (the fi
 
 
 GGUF_ARGS = dict(
-    dtype="float32", block_size=4, max_model_len=128, kv_cache_memory=1 << 20,
-    max_num_batched_tokens=16,
+    dtype="float32", activation_precision="float32", block_size=4, max_model_len=128,
+    kv_cache_memory=1 << 20, max_num_batched_tokens=16,
 )  # fmt: skip
 
 

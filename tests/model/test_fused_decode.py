@@ -68,7 +68,8 @@ def test_fused_layer_equals_the_layers_forward_on_safetensors(arch, tiny_model_r
 def test_fused_layer_equals_the_layers_forward_on_gguf(arch, tmp_path, monkeypatch):
     model = build_gguf_model(arch)
     path, _ = write_gguf(model, arch, Q.Q4_K, tmp_path / f"{arch}.gguf")
-    llm = LLM(model=str(path), dtype="float32", max_model_len=256, kv_cache_memory=1 << 24)
+    llm = LLM(model=str(path), dtype="float32", max_model_len=256, kv_cache_memory=1 << 24,
+              activation_precision="float32")  # fmt: skip
     fused, unfused, fused_calls = _run_both(llm, monkeypatch)
     assert fused_calls >= model.config.num_hidden_layers * (PARAMS.max_tokens - 1)
     _assert_identical(fused, unfused)

@@ -95,7 +95,10 @@ def _run_transformers(path: Path, prompt_ids: list[list[int]]) -> list[list[int]
 def test_greedy_tokens_equal_transformers_on_the_same_file(demo_path):
     from axon import LLM, SamplingParams
 
-    llm = LLM(model=str(demo_path), max_model_len=256, kv_cache_memory=64 << 20)
+    llm = LLM(
+        model=str(demo_path), activation_precision="float32", max_model_len=256,
+        kv_cache_memory=64 << 20,
+    )  # fmt: skip
     prompt_ids = [llm.tokenizer.encode(p) for p in PROMPTS]
     params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params)

@@ -27,7 +27,10 @@ def gguf_arch(request):
 
 
 def _engine(path) -> LLM:
-    return LLM(model=str(path), dtype="float32", max_model_len=256, kv_cache_memory=1 << 24)
+    return LLM(
+        model=str(path), dtype="float32", activation_precision="float32", max_model_len=256,
+        kv_cache_memory=1 << 24,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

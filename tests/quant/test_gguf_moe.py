@@ -186,6 +186,7 @@ def _engine(checkpoint: TinyModel, model: Path) -> EngineCore:
     else:
         kwargs = qwen3_5_engine_kwargs(checkpoint, block_size=4, max_num_batched_tokens=16)
     kwargs.pop("model")
+    kwargs["activation_precision"] = "float32"  # the exact path, token for token
     return EngineCore(EngineConfig.from_kwargs(str(model), **kwargs))
 
 

@@ -18,6 +18,7 @@ from quant.gguf_files import build_gguf_model, write_gguf
 
 ENGINE_ARGS = dict(
     dtype="float32",
+    activation_precision="float32",
     block_size=4,
     max_model_len=128,
     kv_cache_memory=1 << 20,

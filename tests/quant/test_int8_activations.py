@@ -266,7 +266,7 @@ def q4_k_file(tmp_path_factory):
 
 
 def test_engine_int8_generates_close_to_the_float_path(q4_k_file):
-    exact = LLM(str(q4_k_file), **ENGINE_ARGS)
+    exact = LLM(str(q4_k_file), activation_precision="float32", **ENGINE_ARGS)
     int8 = LLM(str(q4_k_file), activation_precision="int8", **ENGINE_ARGS)
     matmul = int8.engine.runner.model.model.layers[0].mlp.down_proj.quantized.parts["None"]
     assert (
@@ -333,7 +333,7 @@ def test_cli_flag_reaches_the_engine_arguments(capsys):
     config = config_from_namespace(ns, environ={})
     assert config.engine_args(config.default_models[0])["activation_precision"] == "int8"
     ns = parser.parse_args(["generate", "--model", "m.gguf", "--prompt", "hi"])
-    assert "activation_precision" not in engine_args_from_namespace(ns)  # the default: float32
+    assert "activation_precision" not in engine_args_from_namespace(ns)  # the default: auto
     ns = parser.parse_args(
         ["generate", "--model", "m.gguf", "--prompt", "hi", "--kv-cache-dtype", "float16"]
     )

@@ -118,6 +118,7 @@ def engine_info(core: EngineCore) -> dict:
         "bytes_per_token": plan.bytes_per_token,
         "device": str(core.runner.device),
         "dtype": str(core.runner.dtype).removeprefix("torch."),
+        "activation_precision": core.runner.config.activation_precision,  # auto resolved
         "model_type": core.runner.hf_config.model_type,
         "parameter_bytes": parameter_bytes(core.runner.model),  # {"total", "active"}
         "vision": vision_info(core),

@@ -27,7 +27,9 @@ logger = logging.getLogger(__name__)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """The CPU's feature flags as /proc/cpuinfo lists them ("" where there is none): the ISA a
+    -march=native build targets."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -49,7 +51,7 @@ HEADERS = tuple(
 def _build(compiler: str, sources: tuple[Path, ...]) -> Path:
     """Compile `sources` into one library (once: the name hashes sources, flags and CPU)."""
     key = hashlib.sha256(b"".join(path.read_bytes() for path in (*sources, *HEADERS)))
-    key.update(" ".join(FLAGS).encode() + _cpu_flags().encode())
+    key.update(" ".join(FLAGS).encode() + cpu_flags().encode())
     target = cache_dir() / "kernels" / f"axon_cpu-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target

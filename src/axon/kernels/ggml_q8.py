@@ -1,5 +1,5 @@
-"""GGML weights times 8-bit activations (ggml_q8.c, through ctypes): the opt-in
-`activation_precision="int8"` path (every step size).
+"""GGML weights times 8-bit activations (ggml_q8.c, through ctypes): the
+`activation_precision="int8"` path (every step size), the default on CPUs with AVX2 (`simd`).
 
 Each token's activations are quantized on their own per block, with llama.cpp's schemes (Q8_K,
 256 wide, for the K-quants; Q8_0 / Q8_1, 32 wide, for the legacy formats): a float scale
@@ -8,7 +8,7 @@ values with the weights' codes, scaled once per block: the same math, up to floa
 `F.linear(dequantize_activations(x), dequantize(W))`, which is the reference twin
 (`matmul_ref`). A token's output does not depend on the rest of the batch.
 
-The default path (kernels/ggml_cpu.py) keeps float32 activations; GGMLWeights calls `matmul`
+The exact path (kernels/ggml_cpu.py) keeps float32 activations; GGMLWeights calls `matmul`
 here when its weights were built with int8 activations. The C side has two kernels with the
 same float steps per (row, token), so their results are the same bits: many tokens multiply
 16 decoded rows x 6 tokens at a time (VNNI dpbusd where the CPU has it), one token multiplies
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from axon.kernels import build
 from axon.kernels.abi import library
 from axon.kernels.ggml_dequant import dequantize_rows_ref
 
@@ -42,6 +43,13 @@ def supports(ggml_types) -> bool:
     weights stay on the float path), False when the C kernels could not be built."""
     lib = library()
     return lib is not None and all(lib.axon_q8_supported(int(t)) for t in ggml_types)
+
+
+def simd() -> bool:
+    """Whether the 8-bit kernels run their SIMD path here: the library is built (-march=native)
+    on a CPU with AVX2 (AVX-512 VNNI's tiles where it has those too). Elsewhere only the portable
+    C loops exist, which are there for exactness, not speed: the float path is the default."""
+    return library() is not None and "avx2" in build.cpu_flags().split()
 
 
 def block_of(ggml_type: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -12,7 +12,7 @@ from axon.batch import SchedulerOutput
 from axon.config import EngineConfig
 from axon.layers.attention import Attention
 from axon.layers.forward_context import AttentionMetadata, PrefillChunk, set_forward_context
-from axon.layers.int8_activations import use_int8_activations
+from axon.layers.int8_activations import set_activation_precision
 from axon.layers.linear_attention import GatedDeltaNet
 from axon.loader import load_hf_config, progress
 from axon.loader.pooling import resolve_task
@@ -106,8 +106,8 @@ class ModelRunner:
         if show_progress:  # rank 0 speaks for every rank
             weights = progress.track(weights, self.config.model)
         load_weights(model, weights)
-        if self.config.activation_precision == "int8":
-            use_int8_activations(model)
+        precision = set_activation_precision(self.config.activation_precision, model)
+        self.config = replace(self.config, activation_precision=precision)  # `auto` resolved
         return model.eval()
 
     def _attention_layers(self) -> list[Attention]:

@@ -156,7 +156,10 @@ class ModelRegistry(Recovery):
         finally:
             entry.task = None
         entry.model, entry.status = model, "loaded"
-        logger.info("model %s loaded from %s", model_id, entry.model_path)
+        logger.info(
+            "model %s loaded from %s (activations %s)",
+            model_id, entry.model_path, getattr(model, "activation_precision", None),
+        )  # fmt: skip
         return model
 
     def _resolve_files(self, spec: ModelSpec, trusted: bool) -> tuple[Path, Any]:
@@ -316,6 +319,7 @@ class ModelRegistry(Recovery):
             engine_pid=getattr(model, "engine_pid", None),
             load_progress=self.load_progress(model_id) if status != "loaded" else None,
             parameter_bytes=getattr(model, "parameter_bytes", None),
+            activation_precision=getattr(model, "activation_precision", None),
             **self._recovery_fields(entry),
         )
 

@@ -83,6 +83,7 @@ class ServedModel:
         self.chat_template = chat_template  # None: the renderer's ChatML fallback
         self.max_model_len: int = client.info["max_model_len"]
         self.parameter_bytes: dict | None = client.info.get("parameter_bytes")  # total, active
+        self.activation_precision: str | None = client.info.get("activation_precision")
         self.generation_defaults = load_generation_defaults(model_path)
         self.created = int(time.time())
         self.images = images  # None: no vision tower, image parts are a 400

@@ -140,3 +140,4 @@ class ModelInfo(BaseModel):
     # loaded: {"total", "active"}, the weights' bytes and those one token reads (a mixture of
     # experts reads only its chosen experts)
     parameter_bytes: dict[str, int] | None = None
+    activation_precision: str | None = None  # loaded: float32 or int8, `auto` resolved
