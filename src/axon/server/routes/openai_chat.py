@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from axon.engine.output_processor import RequestState
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.chat_pipeline import prepare_chat
-from axon.server.generation import EventStream, Generation, or_disconnect, served_model
+from axon.server.generation import EventStream, Generation, or_disconnect, request_model
 from axon.server.offload import off_loop
 from axon.server.schemas.logprobs import prompt_logprobs_json
 from axon.server.schemas.protocol import (
@@ -133,7 +133,7 @@ async def _chat_stream(generation: Generation, context: _ChatContext):
 async def create_chat_completion(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), ChatCompletionRequest)
-    model = served_model(request, body.model)
+    model = await request_model(request, body.model)
     prepared = await off_loop(prepare_chat, model, body, request.headers)
     generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))
     context = _ChatContext(body, model, prepared.params, prepared.plan)

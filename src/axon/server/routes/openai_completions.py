@@ -19,7 +19,7 @@ from axon.server.generation import (
     close_all,
     merge,
     or_disconnect,
-    served_model,
+    request_model,
     start_all,
     vocab_size,
 )
@@ -75,7 +75,7 @@ async def create_completion(request: Request):
         raise BadRequest("echo is not supported with stream: true", param="echo")
     if body.suffix:
         raise BadRequest("suffix is not supported", param="suffix")
-    model = served_model(request, body.model)
+    model = await request_model(request, body.model)
     prompts, params = await off_loop(_prepare, body, model)
     generations = await or_disconnect(request, start_all(model, prompts, params, started_at))
     context = _CompletionContext(body, model, params)

@@ -15,7 +15,7 @@ from axon.server.generation import (
     EventStream,
     Generation,
     or_disconnect,
-    served_model,
+    request_model,
 )
 from axon.server.offload import off_loop
 from axon.server.schemas.protocol import (
@@ -334,7 +334,7 @@ async def create_response(request: Request):
             code="chained_conversation_not_supported",
             param="previous_response_id",
         )
-    model = served_model(request, body.model)
+    model = await request_model(request, body.model)
     prepared = await off_loop(_prepare, model, body)
     generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))
     context = _ResponseContext(body, model, prepared.params, prepared.plan)
