@@ -112,6 +112,7 @@ class OnDemand:
         self._room_lock: asyncio.Lock | None = None  # one on-demand load plans memory at a time
         self._reloadable: dict[str, tuple[ModelSpec, Path]] = {}  # startup models' specs
         self._idle_task: asyncio.Task | None = None
+        self._room_problems: dict[str, str] = {}  # why a pending load waits for room
 
     # ---- the routes' API --------------------------------------------------------------------
 
@@ -250,9 +251,13 @@ class OnDemand:
         try:
             await asyncio.wait_for(asyncio.shield(task), self.config.on_demand_wait_s)
         except TimeoutError:
-            raise ModelUnavailable(
-                f"model {name!r} is loading; retry shortly", headers={"Retry-After": RETRY_AFTER_S}
-            ) from None
+            problem = self._room_problems.get(served_id)
+            if problem is None:
+                raise ModelUnavailable(
+                    f"model {name!r} is loading; retry shortly",
+                    headers={"Retry-After": RETRY_AFTER_S},
+                ) from None
+            raise _no_room(name, problem) from None
 
     # ---- making room ------------------------------------------------------------------------
 
@@ -261,23 +266,23 @@ class OnDemand:
         for busy ones up to on_demand_wait_s. Raises ModelUnavailable (503) when it cannot."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.on_demand_wait_s
-        while True:
-            problem = await self._room_problem(spec, weights)
-            if problem is None:
-                return
-            victim = self._least_recently_used(spec.served_id)
-            if victim is not None:
-                logger.info("model %s unloaded to make room for %s (%s)", victim, spec.served_id,
-                            problem)  # fmt: skip
-                await self.unload(victim, grace_s=0.0)
-                continue
-            if not self._busy_reloadable() or loop.time() >= deadline:
-                raise ModelUnavailable(
-                    f"model {spec.served_id!r} cannot be loaded now: {problem}",
-                    code="insufficient_memory" if "memory" in problem else "too_many_models",
-                    headers={"Retry-After": RETRY_AFTER_S},
-                )
-            await asyncio.sleep(ROOM_POLL_S)
+        try:
+            while True:
+                problem = await self._room_problem(spec, weights)
+                if problem is None:
+                    return
+                victim = self._least_recently_used(spec.served_id)
+                if victim is not None:
+                    logger.info("model %s unloaded to make room for %s (%s)", victim,
+                                spec.served_id, problem)  # fmt: skip
+                    await self.unload(victim, grace_s=0.0)
+                    continue
+                if not self._busy_reloadable() or loop.time() >= deadline:
+                    raise _no_room(spec.served_id, problem)
+                self._room_problems[spec.served_id] = problem  # what its waiters are told
+                await asyncio.sleep(ROOM_POLL_S)
+        finally:
+            self._room_problems.pop(spec.served_id, None)
 
     async def _room_problem(self, spec: ModelSpec, weights: int) -> str | None:
         limit = self.config.max_loaded_models
@@ -349,6 +354,14 @@ class OnDemand:
 
     def _unloaded_startup_models(self) -> list[tuple[str, Path]]:
         return [(mid, path) for mid, (_, path) in self._reloadable.items() if mid not in self]
+
+
+def _no_room(model_id: str, problem: str) -> ModelUnavailable:
+    return ModelUnavailable(
+        f"model {model_id!r} cannot be loaded now: {problem}",
+        code="insufficient_memory" if "memory" in problem else "too_many_models",
+        headers={"Retry-After": RETRY_AFTER_S},
+    )
 
 
 def _file_facts(path: Path) -> dict:
