@@ -145,21 +145,22 @@ def test_the_lru_idle_model_is_evicted_never_one_streaming(serve):
     # the request is still in flight, whatever the engine's speed.
     body = {"model": "alpha", "messages": [{"role": "user", "content": "hello"}]}
     body |= {"max_tokens": 1900, "stream": True, "logprobs": True, "top_logprobs": 20, **EXACT}
-    with httpx.Client(timeout=300) as http:
-        with http.stream("POST", server.openai_url + "/chat/completions", json=body) as stream:
-            lines = stream.iter_lines()
-            assert next(lines).startswith("data: ")
-            refused = chat(server, "beta")
-            assert refused.status_code == 503 and refused.headers["Retry-After"]
-            error = refused.json()["error"]
-            assert error["code"] == "too_many_models" and "max_loaded_models 1" in error["message"]
-            assert statuses(server) == {
-                "alpha": "loaded",
-                "beta": "available",
-                "tiny-q8_0": "available",
-                "org/gamma": "available",
-            }
-            events = [line[6:] for line in lines if line.startswith("data: ")]
+    url = server.openai_url + "/chat/completions"
+    with httpx.Client(timeout=300) as http, http.stream("POST", url, json=body) as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data: ")
+        refused = chat(server, "beta")
+        assert refused.status_code == 503 and refused.headers["Retry-After"]
+        error = refused.json()["error"]
+        assert error["code"] == "too_many_models", (error, "".join(server.log)[-4000:])
+        assert "max_loaded_models 1" in error["message"]
+        assert statuses(server) == {
+            "alpha": "loaded",
+            "beta": "available",
+            "tiny-q8_0": "available",
+            "org/gamma": "available",
+        }
+        events = [line[6:] for line in lines if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     finish = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1] if e[0] == "{"]
     assert "length" in finish  # the stream ran to its end

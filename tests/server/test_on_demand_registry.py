@@ -38,7 +38,9 @@ class Fakes:
         self.gate: asyncio.Event | None = None
         config = {"models_dirs": (str(root),), **config}
         self.registry = ModelRegistry(
-            ServerConfig(**config), starter=self.start, resolver=lambda spec, *_, **__: Path()
+            ServerConfig(**config),
+            starter=self.start,
+            resolver=lambda spec, *_, **__: Path(spec.model_id),
         )
 
     async def start(self, model_id, *args, **kwargs):
@@ -109,7 +111,7 @@ def test_the_least_recently_used_idle_model_is_evicted(tmp_path):
 
 
 def test_a_model_in_use_is_never_evicted(tmp_path):
-    fakes = Fakes(tmp_path, max_loaded_models=1, on_demand_wait_s=0.5)
+    fakes = Fakes(tmp_path, max_loaded_models=1, on_demand_wait_s=2.0)
     registry = fakes.registry
 
     async def scenario():
@@ -208,5 +210,29 @@ def test_models_loaded_by_the_operator_are_never_unloaded_by_axon(tmp_path):
         with pytest.raises(ModelUnavailable, match="max_loaded_models 1"):
             await registry.ensure("a")
         assert registry.model_ids() == ["org/pinned"]
+
+    run(scenario())
+
+
+def test_startup_models_come_back_on_demand_unless_the_operator_unloads_them(tmp_path):
+    fakes = Fakes(tmp_path, names=(), max_loaded_models=1)
+    registry = fakes.registry
+    spec = ModelSpec(model_id=str(tmp_path / "start.gguf"), served_model_name="start")
+
+    async def scenario():
+        (tmp_path / "start.gguf").write_bytes(b"\0" * 8)
+        await registry.load(spec, trusted=True)
+        registry.keep_spec(spec)  # what axon serve does after a startup load
+        await registry.unload("start", grace_s=0.0, keep_spec=True)  # idle, or to make room
+        assert await registry.listing() == [
+            {"id": "start", "status": "available", "format": "gguf", "size_bytes": 8}
+            | {"modified": int((tmp_path / "start.gguf").stat().st_mtime)}
+        ]
+        assert (await registry.ensure("start")).id == "start"
+        assert fakes.starts == ["start", "start"]
+        await registry.unload("start")  # POST /models/unload: gone for good
+        assert await registry.listing() == []
+        with pytest.raises(ModelNotFound):
+            await registry.ensure("start")
 
     run(scenario())

@@ -242,15 +242,17 @@ class OnDemand:
             entry.last_used = time.monotonic()
 
     async def _wait_loaded(self, served_id: str, name: str) -> None:
+        # Only a request's load is waited for: one the operator started (startup, POST
+        # /models/load) answers 503 + Retry-After meanwhile, as get() says.
         task = self._pending.get(served_id)
-        entry = self._entries.get(served_id)
-        if task is None and entry is not None and entry.status == "loading":
-            task = entry.task
         if task is None:
             return
         try:
             await asyncio.wait_for(asyncio.shield(task), self.config.on_demand_wait_s)
         except TimeoutError:
+            if task.done():  # it ended as the wait did (a busy event loop): its outcome counts
+                task.result()
+                return
             problem = self._room_problems.get(served_id)
             if problem is None:
                 raise ModelUnavailable(
@@ -275,7 +277,7 @@ class OnDemand:
                 if victim is not None:
                     logger.info("model %s unloaded to make room for %s (%s)", victim,
                                 spec.served_id, problem)  # fmt: skip
-                    await self.unload(victim, grace_s=0.0)
+                    await self.unload(victim, grace_s=0.0, keep_spec=True)
                     continue
                 if not self._busy_reloadable() or loop.time() >= deadline:
                     raise _no_room(spec.served_id, problem)
@@ -339,7 +341,7 @@ class OnDemand:
             for model_id in self._expired():
                 logger.info("model %s unloaded: idle past its keep-alive", model_id)
                 with contextlib.suppress(AxonHTTPError):  # unloaded meanwhile
-                    await self.unload(model_id, grace_s=0.0)
+                    await self.unload(model_id, grace_s=0.0, keep_spec=True)
 
     def _expired(self) -> list[str]:
         now = time.monotonic()

@@ -203,15 +203,20 @@ class ModelRegistry(Recovery, OnDemand):
         if self._entries.get(model_id) is entry:
             del self._entries[model_id]
 
-    async def unload(self, model_id: str, grace_s: float | None = None) -> None:
+    async def unload(
+        self, model_id: str, grace_s: float | None = None, keep_spec: bool = False
+    ) -> None:
         """Stops admitting requests to the model (`model_id` or an alias of it), gives its
         in-flight ones up to `grace_s` (default: the config's shutdown grace), then stops its
         engine; a wedged engine is killed. A model still loading or recovering has that
-        cancelled (its half-started engine's process group killed). Raises ModelNotFound."""
+        cancelled (its half-started engine's process group killed). A startup model stays
+        loadable on demand only with `keep_spec` (axon's own unloads). Raises ModelNotFound."""
         model_id = self.resolve(model_id)
         entry = self._entries.get(model_id)
         if entry is None:
             raise ModelNotFound(f"model {model_id!r} is not loaded", param="model_id")
+        if not keep_spec:
+            self._reloadable.pop(model_id, None)
         del self._entries[model_id]  # from here on its new requests get 404
         if entry.task is not None:
             entry.task.cancel()
