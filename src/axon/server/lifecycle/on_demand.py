@@ -150,12 +150,12 @@ class OnDemand:
         rows += [{"id": mid, "status": "loading"} for mid in self._pending if mid not in self]
         for row in rows:  # a load a request began, not the operator's (startup, POST)
             row["on_demand"] = row["id"] in self._pending
+        if not self.config.load_on_demand:
+            return rows
         listed = {row["id"] for row in rows} | set(self.aliases)
         for model_id, path in self._unloaded_startup_models():
             rows.append({"id": model_id, "status": "available", **_file_facts(path)})
             listed.add(model_id)
-        if not self.config.load_on_demand:
-            return rows
         in_use = {entry.model_path for entry in self._entries.values()}
         for model_id, found in (await asyncio.to_thread(self.catalog.models)).items():
             if model_id in listed or found.path in in_use:
