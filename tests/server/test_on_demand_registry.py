@@ -236,3 +236,19 @@ def test_startup_models_come_back_on_demand_unless_the_operator_unloads_them(tmp
             await registry.ensure("start")
 
     run(scenario())
+
+
+def test_expires_in_counts_down_the_keep_alive(tmp_path):
+    fakes = Fakes(tmp_path, idle_unload_s=60.0)
+    registry = fakes.registry
+
+    async def scenario():
+        a = await registry.ensure("a")
+        registry._entries["a"].last_used -= 20
+        assert 39 <= registry.expires_in("a") <= 40
+        a.num_inflight = 1
+        assert registry.expires_in("a") == 60.0  # in use: the whole keep-alive is ahead
+        registry.touch("a", keep_alive_s=-1)
+        assert registry.expires_in("a") is None and registry.expires_in("nope") is None
+
+    run(scenario())

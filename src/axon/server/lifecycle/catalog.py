@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -178,14 +179,16 @@ class Catalog:
         self._clock = clock
         self._found: dict[str, Found] = {}
         self._scanned_at: float | None = None
+        self._lock = threading.Lock()  # one scan at a time; the others take its result
 
     def models(self) -> dict[str, Found]:
         """The models found, by id, rescanned when the last scan is older than ttl_s.
         Blocking: call it in a thread."""
         if not self.dirs:
             return {}
-        now = self._clock()
-        if self._scanned_at is None or now - self._scanned_at >= self.ttl_s:
-            self._found = scan(self.dirs)
-            self._scanned_at = now
-        return self._found
+        with self._lock:
+            now = self._clock()
+            if self._scanned_at is None or now - self._scanned_at >= self.ttl_s:
+                self._found = scan(self.dirs)
+                self._scanned_at = now
+            return self._found

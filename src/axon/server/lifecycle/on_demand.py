@@ -12,7 +12,8 @@ ModelRegistry's on-demand half (it uses the registry's `_entries`, `config`, `lo
   `loading`, `available`, and the registry's `poisoned`, `recovering`, `failed`).
 - `registry.touch(name, keep_alive_s)`: marks the model used now; `keep_alive_s` (Ollama's
   per-request keep_alive) sets how long it stays loaded once idle: 0 unloads it as soon as its
-  requests end, a negative value never, None keeps `idle_unload_s`.
+  requests end, a negative value never, None keeps `idle_unload_s`. Call it after `ensure`.
+- `registry.expires_in(name)`: seconds until the idle unload takes it (Ollama's `expires_at`).
 
 Only reloadable models are ever unloaded by axon itself: those loaded on demand and the
 startup models (their spec is kept, so a request loads them again). A model loaded through
@@ -141,6 +142,20 @@ class OnDemand:
         entry.last_used = time.monotonic()
         if keep_alive_s is not None:
             entry.keep_alive_s = keep_alive_s
+
+    def expires_in(self, name: str) -> float | None:
+        """Seconds until the idle unload takes the model `name` names if no request uses it
+        meanwhile (Ollama's `expires_at`); None when nothing will (no keep-alive, or a model
+        axon does not unload by itself, or not loaded)."""
+        entry = self._entries.get(self.resolve(name))
+        if entry is None or not entry.reloadable:
+            return None
+        keep = self.config.idle_unload_s if entry.keep_alive_s is None else entry.keep_alive_s
+        if keep is None or keep < 0:
+            return None
+        if not self._idle(entry):
+            return keep
+        return max(0.0, keep - (time.monotonic() - entry.last_used))
 
     async def listing(self) -> list[dict]:
         """Every model a request may name, registry models first (load order; "on_demand":
