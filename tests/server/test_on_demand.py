@@ -35,7 +35,10 @@ def models_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("models")
     write_tiny_qwen3(root / "alpha")
     shutil.copytree(root / "alpha", root / "beta")
-    write_gguf(build_gguf_model("qwen3"), "qwen3", Q.Q8_0, root / "tiny-q8_0.gguf")
+    # In a folder of its own: its folder's files are its tokenizer's, and the root holds a link
+    # out of the dir (which would keep a GGUF beside it from loading).
+    (root / "gguf").mkdir()
+    write_gguf(build_gguf_model("qwen3"), "qwen3", Q.Q8_0, root / "gguf" / "tiny-q8_0.gguf")
     repo = root / "models--org--gamma"
     shutil.copytree(root / "alpha", repo / "blobs")
     snapshot = repo / "snapshots" / "r1"
@@ -125,6 +128,20 @@ def test_listed_without_loading_then_loaded_once_for_concurrent_requests(serve, 
     assert log_count(server, "model alpha: loading on demand") == 1
     assert log_count(server, "model alpha loaded from") == 1
     assert statuses(server)["alpha"] == "loaded" and statuses(server)["beta"] == "available"
+
+
+def test_a_gguf_file_loads_on_demand_under_its_stem(serve):
+    server = serve("--max-model-len", "1024")  # the tiny GGUF's context (the last flag wins)
+    body = {"model": "tiny-q8_0", "prompt": "hello", "max_tokens": 3, **EXACT}
+    deadline = time.monotonic() + 300
+    while True:
+        reply = httpx.post(server.openai_url + "/completions", json=body, timeout=300)
+        if "is loading" not in reply.text or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert reply.status_code == 200, (reply.text, "".join(server.log)[-3000:])
+    assert reply.json()["model"] == "tiny-q8_0" and reply.json()["usage"]["completion_tokens"] == 3
+    assert statuses(server)["tiny-q8_0"] == "loaded"
 
 
 def test_unknown_models_are_404s_that_name_nothing_on_disk(serve, models_dir):

@@ -85,7 +85,8 @@ def test_nothing_outside_the_dir_is_taken_through_a_symlink(tmp_path):
     _file(half / "config.json")
     (half / "model.safetensors").symlink_to(_file(outside / "w.safetensors"))
     inside = _file(root / "store" / "real.gguf")
-    (root / "alias.gguf").symlink_to(inside)  # a link that stays inside the dir is fine
+    (root / "store" / "alias.gguf").symlink_to(inside)  # a link inside the dir is fine
+    _file(root / "beside-a-link.gguf")  # its folder (the root) links out: it could not load
 
     found = scan((str(root),))
 

@@ -14,7 +14,9 @@ read two levels deep:
 
 Path safety: every file and folder is resolved, symlinks followed, and taken only when it lies
 inside the models dir (so an HF cache's snapshot links to its blobs pass, a link out of the
-dir does not). Hidden entries (a download's or an assembly's temporary file) are skipped, and
+dir does not); a model is listed only when every file its load may open does too (a GGUF's
+folder's entries, as for `POST /models/load`: a link out of a folder hides its GGUF files).
+Hidden entries (a download's or an assembly's temporary file) are skipped, and
 a dir's listing stops after MAX_LISTED_ENTRIES. When two dirs hold the same id the first dir
 listed wins.
 """
@@ -31,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from axon.cache_dir import cache_dir as axon_cache_dir
-from axon.server.lifecycle.local_paths import MAX_LISTED_ENTRIES
+from axon.server.errors import AxonHTTPError
+from axon.server.lifecycle.local_paths import MAX_LISTED_ENTRIES, check_model_files
 from axon.server.lifecycle.sources import hf_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -123,7 +126,7 @@ def _dense(root: Path, folder: Path, model_id: str, files: list[tuple[str, Path]
     """A safetensors checkpoint: `config.json` and at least one `.safetensors` file."""
     names = {file_name for file_name, _ in files}
     weights = [path for file_name, path in files if file_name.endswith(".safetensors")]
-    if "config.json" not in names or not weights:
+    if "config.json" not in names or not weights or not _servable(root, folder, model_id):
         return None
     stats = [path.stat() for path in weights]
     size = sum(stat.st_size for stat in stats)
@@ -139,9 +142,23 @@ def _gguf(root: Path, files: list[tuple[str, Path]]) -> Iterator[Found]:
         split = _SPLIT_RE.search(stem)
         if split is not None and split.group(1) != "00001":
             continue  # a later part of a split file: its first part stands for it
-        stat = path.stat()
         model_id = _SPLIT_RE.sub("", stem)
+        if not _servable(root, path, model_id):
+            continue
+        stat = path.stat()
         yield Found(model_id, path, root, "gguf", stat.st_size, int(stat.st_mtime))
+
+
+def _servable(root: Path, path: Path, model_id: str) -> bool:
+    """Whether every file a load of `path` may open (local_paths.check_model_files: the
+    folder's entries, a GGUF's folder's one level) resolves inside `root`: a model that could
+    not load is not listed."""
+    try:
+        check_model_files(path, (root,), model_id)
+    except AxonHTTPError as exc:
+        logger.info("models dir %s: %s is not listed: %s", root, model_id, exc.message)
+        return False
+    return True
 
 
 def _hf_repo(root: Path, repo: Path, name: str) -> Iterator[Found]:
