@@ -117,6 +117,9 @@ def _server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["AXON_MAX_WAITING_REQUESTS"] = str(MAX_WAITING_REQUESTS)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("AXON_API_KEY", None)
+    # No models dirs unless a test names some: the machine's caches would add models to
+    # /v1/models that a test does not expect (models on demand).
+    env.setdefault("AXON_MODELS_DIRS", "[]")
     env.update(extra or {})
     return env
 

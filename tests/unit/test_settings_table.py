@@ -64,6 +64,7 @@ SERVER_OPTIONS = {
     "help", "model", "config", "host", "port", "api_key", "shutdown_grace", "log_level",
     "allowed_local_model_path", "allowed_media_domains", "allowed_local_media_path", "no_demo",
     "headless", "chat_template_dir", "admin_api_key",
+    "models_dir", "no_load_on_demand", "max_loaded_models", "idle_unload_s", "on_demand_wait_s",
 }  # fmt: skip
 
 

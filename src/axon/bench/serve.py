@@ -47,7 +47,8 @@ def sweep_levels(ns: argparse.Namespace) -> list[tuple[int | None, float]]:
 
 
 def resolve_model(client: httpx.Client, model: str | None) -> str:
-    """`model`, or the only model /v1/models lists; raises ValueError when that is unclear."""
+    """`model`, or the only loaded model /v1/models lists; raises ValueError when that is
+    unclear."""
     try:
         response = client.get("/v1/models")
     except httpx.HTTPError as exc:
@@ -56,7 +57,9 @@ def resolve_model(client: httpx.Client, model: str | None) -> str:
         raise ValueError(f"{client.base_url} needs an API key: pass --api-key")
     if response.status_code != 200:
         raise ValueError(f"GET /v1/models: HTTP {response.status_code}: {response.text[:200]}")
-    listed = [entry.get("id") for entry in response.json().get("data", [])]
+    cards = response.json().get("data", [])
+    # Models a request would load on demand first are no default: only the loaded ones count.
+    listed = [card.get("id") for card in cards if card.get("status", "loaded") == "loaded"]
     if model is not None:
         return model
     if len(listed) != 1:

@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from axon.server.errors import AxonHTTPError
+from axon.server.errors import AxonHTTPError, ModelNotFound
 from axon.server.generation import ClientDisconnected, served_model
 from axon.server.lifecycle.sources import is_repo_id
 from axon.server.reasoning_budget import supported_efforts
@@ -63,6 +63,7 @@ def model_card(model, name: str | None = None) -> dict:
         "owned_by": "axon",
         "root": model_id if model_id and is_repo_id(model_id) else model.id,
         "max_model_len": model.max_model_len,
+        "status": "loaded",
     }
     if name is not None and name != model.id:
         card["parent"] = model.id
@@ -72,21 +73,45 @@ def model_card(model, name: str | None = None) -> dict:
     return card
 
 
+def unloaded_card(row: dict) -> dict:
+    """The card of a model a request may name that is not loaded (`status` available, loading,
+    …: registry.listing's row), never a path."""
+    card = {"id": row["id"], "object": "model", "created": row.get("modified", 0)}
+    return card | {"owned_by": "axon", "root": row["id"], "status": row["status"]}
+
+
+async def _unloaded_cards(registry) -> list[dict]:
+    listing = getattr(registry, "listing", None)  # a stand-in registry (tests) may have none
+    rows = [] if listing is None else await listing()
+    # A startup load in progress stays out, as before: clients wait for a model to be listed.
+    shown = [row for row in rows if row["status"] == "available" or row.get("on_demand")]
+    shown = [row for row in shown if row["status"] in ("available", "loading")]
+    return [unloaded_card(row) for row in shown]
+
+
 @models_router.get("/v1/models")
 async def list_models(request: Request) -> dict:
-    """The loaded models, each followed by its aliases (vLLM lists every served name)."""
+    """The loaded models, each followed by its aliases (vLLM lists every served name), then
+    the models not loaded that a request may name (models on demand), each with its status."""
     registry = request.app.state.axon.registry
     cards = []
     for model in registry.list_models():
         cards.append(model_card(model))
         names = [alias for alias, target in registry.aliases.items() if target == model.id]
         cards += [model_card(model, alias) for alias in names]
-    return {"object": "list", "data": cards}
+    return {"object": "list", "data": cards + await _unloaded_cards(registry)}
 
 
 @models_router.get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request, model_id: str) -> dict:
-    return model_card(served_model(request, model_id), model_id)
+    try:
+        return model_card(served_model(request, model_id), model_id)
+    except ModelNotFound:
+        registry = request.app.state.axon.registry
+        cards = [card for card in await _unloaded_cards(registry) if card["id"] == model_id]
+        if not cards:
+            raise
+        return cards[0]
 
 
 def _envelope(status: int, message: str, error_type: str, code, param=None, headers=None):

@@ -91,6 +91,15 @@ class ServerConfig:
     # that insist on their own model name (Claude Code sends "claude-sonnet-4-5"); checked
     # against the startup models by check_model_aliases.
     model_aliases: Mapping[str, str] = field(default_factory=dict)
+    # Models on demand (lifecycle/on_demand.py): the dirs whose models /v1/models lists and a
+    # request may load (None: none here; `axon serve` fills in axon's model cache and the HF
+    # cache), whether a request loads one, how many models may be loaded at once, how long an
+    # unused model stays loaded, and how long a request waits for a load (then 503).
+    models_dirs: tuple[str, ...] | None = None
+    load_on_demand: bool = True
+    max_loaded_models: int | None = None
+    idle_unload_s: float | None = None
+    on_demand_wait_s: float = 120.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, why: str) -> None:
@@ -120,6 +129,11 @@ class ServerConfig:
             "must be an absolute path",
         )
         check(all(self.allowed_media_domains), "allowed_media_domains", "must not hold ''")
+        check(all(self.models_dirs or ()), "models_dirs", "must not hold ''")
+        limit = self.max_loaded_models
+        check(limit is None or limit >= 1, "max_loaded_models", "must be >= 1")
+        idle = self.idle_unload_s
+        check(idle is None or idle > 0, "idle_unload_s", "must be > 0")
         aliases = self.model_aliases.items()
         check(all(a and t for a, t in aliases), "model_aliases", "must not hold ''")
 
@@ -202,6 +216,8 @@ _FLOAT_FIELDS = {
     "request_body_timeout_s",
     "media_fetch_timeout_s",
     "recovery_backoff_s",
+    "idle_unload_s",
+    "on_demand_wait_s",
 }
 _INT_FIELDS = {
     "port",
@@ -213,9 +229,10 @@ _INT_FIELDS = {
     "max_connections",
     "max_image_bytes",
     "recovery_attempts",
+    "max_loaded_models",
 }
 _POSITIVE_FIELDS = sorted(
-    _FLOAT_FIELDS - {"shutdown_grace_s"}
+    _FLOAT_FIELDS - {"shutdown_grace_s", "idle_unload_s"}
     | {"max_request_body_bytes", "max_connections", "max_image_bytes"}
 )
 
@@ -233,9 +250,9 @@ def _coerce(name: str, value: Any) -> Any:
         return {scheme: _source(scheme, table) for scheme, table in value.items()}
     if name == "model_aliases":
         return _aliases(value)
-    if name in ("allowed_local_model_paths", "allowed_media_domains"):
+    if name in ("allowed_local_model_paths", "allowed_media_domains", "models_dirs"):
         return _strings(name, value)
-    if name == "allow_private_media_addresses":
+    if name in ("allow_private_media_addresses", "load_on_demand"):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be true or false, got {value!r}")
         return value

@@ -225,6 +225,15 @@ def served_model(request: Request, model_id: str):
     return request.app.state.axon.registry.get(model_id)
 
 
+async def request_model(request: Request, model_id: str):
+    """The model `model_id` names, loaded on demand when a models dir holds it, and held until
+    the request ends (lifecycle/on_demand.py); raises ModelNotFound (404) or ModelUnavailable
+    (503, Retry-After)."""
+    registry = request.app.state.axon.registry
+    ensure = getattr(registry, "ensure", None)  # a stand-in registry (tests) may have none
+    return registry.get(model_id) if ensure is None else await ensure(model_id)
+
+
 def vocab_size(model) -> int | None:
     """The model's vocabulary size as its engine reports it (else the tokenizer's)."""
     info = getattr(getattr(model, "client", None), "info", None) or {}

@@ -27,6 +27,7 @@ from axon.demo import CHAT_DEMO_MODEL_ID, demo_models
 from axon.server import access_log
 from axon.server.config import ServerConfig, load_config
 from axon.server.errors import AxonHTTPError, ModelUnavailable
+from axon.server.lifecycle.catalog import default_models_dirs
 from axon.server.lifecycle.early_engine import spawn_first_model
 from axon.server.lifecycle.multinode import (
     add_multinode_args,
@@ -34,6 +35,7 @@ from axon.server.lifecycle.multinode import (
     multinode_starter,
     run_headless_node,
 )
+from axon.server.lifecycle.on_demand import RequestScope
 from axon.server.lifecycle.registry import ActivationTracker, ModelRegistry
 from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
 from axon.server.state import AppState
@@ -79,6 +81,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         "model's own folder",
     )
     _add_media_args(parser)
+    _add_on_demand_args(parser)
     parser.add_argument("--log-level", help="debug, info (default), warning, error")
     parser.add_argument(
         "--no-demo",
@@ -119,6 +122,36 @@ def _add_media_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_on_demand_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("models on demand")
+    group.add_argument(
+        "--models-dir",
+        action="append",
+        metavar="DIR",
+        help="a directory whose models (.gguf files, safetensors folders, an HF cache) "
+        "/v1/models lists and a request loads on demand (repeatable; default: axon's model "
+        "cache and the HF cache)",
+    )
+    group.add_argument(
+        "--no-load-on-demand",
+        action="store_true",
+        default=None,
+        help="a request naming a model that is not loaded is a 404, never a load",
+    )
+    group.add_argument(
+        "--max-loaded-models", type=int, metavar="N", help="unload idle models beyond N"
+    )
+    group.add_argument(
+        "--idle-unload-s", type=float, metavar="S", help="unload a model unused for S seconds"
+    )
+    group.add_argument(
+        "--on-demand-wait-s",
+        type=float,
+        metavar="S",
+        help="how long a request waits for its model's load (then 503; default 120)",
+    )
+
+
 def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
     """The config file and environment, with the flags that were given laid on top.
 
@@ -151,6 +184,11 @@ def config_from_namespace(ns: argparse.Namespace, environ=None) -> ServerConfig:
         allowed_media_domains=_tuple_or_none(getattr(ns, "allowed_media_domains", None)),
         allowed_local_media_path=getattr(ns, "allowed_local_media_path", None),
         chat_template_dir=getattr(ns, "chat_template_dir", None),
+        models_dirs=_tuple_or_none(getattr(ns, "models_dir", None)),
+        load_on_demand=False if getattr(ns, "no_load_on_demand", None) else None,
+        max_loaded_models=getattr(ns, "max_loaded_models", None),
+        idle_unload_s=getattr(ns, "idle_unload_s", None),
+        on_demand_wait_s=getattr(ns, "on_demand_wait_s", None),
         engine=engine,
         default_models=models,
         model_aliases=aliases,
@@ -211,6 +249,8 @@ def run_serve(ns: argparse.Namespace) -> int:
         multinode_starter(config.default_models[0].served_id, multinode) if multinode else None
     )
     config = with_demo_default(config, ns)
+    if config.models_dirs is None:
+        config = config.with_overrides(models_dirs=default_models_dirs(os.environ))
     config.check_model_aliases()  # before the first engine is spawned
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -266,6 +306,7 @@ async def load_default_models(registry, specs, tracker: ActivationTracker) -> No
         tracker.start(spec.served_id)
         try:
             await registry.load(spec, trusted=True)  # the operator's own: any local path
+            registry.keep_spec(spec)  # axon may unload it when idle and load it again
         except AxonHTTPError as exc:
             logger.error("startup load of %s failed: %s", spec.served_id, json.dumps(exc.body()))
             tracker.finish(spec.served_id, error=exc.message)
@@ -294,7 +335,7 @@ def _make_server(config: ServerConfig, state):
         def capture_signals(self):  # serve() owns SIGTERM/SIGINT: drain models first
             yield
 
-    app = AdmissionGate(create_app(state), state)
+    app = AdmissionGate(RequestScope(create_app(state)), state)
     app = BodyLimits(app, config.max_request_body_bytes, config.request_body_timeout_s)
     linger_bytes = 4 * config.max_request_body_bytes  # discarded after an early answer
     protocol = guarded_protocol(
@@ -335,6 +376,7 @@ async def serve(config: ServerConfig, hard_exit: bool = False, starter=None, ear
         starter = early.starter()
     state = AppState(config=config, registry=ModelRegistry(config, starter), activation=tracker)
     server = _make_server(config, state)
+    state.registry.start_idle_unloader()
     stop = asyncio.Event()
     _install_signal_handlers(stop)
     serving = asyncio.create_task(server.serve(sockets=[sock]))

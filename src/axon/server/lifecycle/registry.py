@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 from axon.server.config import ServerConfig
 from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound, ModelUnavailable
 from axon.server.lifecycle import discovery
+from axon.server.lifecycle.on_demand import OnDemand
 from axon.server.lifecycle.recovery import Recovery, retrieve_exception
 from axon.server.lifecycle.sources import resolve_model
 from axon.server.lifecycle.templates import check_chat_template, read_chat_template
@@ -55,6 +57,12 @@ class _Entry:
     error: str | None = None
     load_progress: tuple[int, int] | None = None  # (bytes of weights loaded, total) meanwhile
     attempt: int = 0  # the recovery's engine start under way (or the last one), 1-based
+    # Models on demand (on_demand.py): whether axon may unload it (it can load it again), when
+    # a request last held it, how many hold it now, and a request's keep_alive for it.
+    reloadable: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+    pins: int = 0
+    keep_alive_s: float | None = None
 
 
 @dataclass
@@ -95,7 +103,7 @@ class ActivationTracker:
         return snapshot
 
 
-class ModelRegistry(Recovery):
+class ModelRegistry(Recovery, OnDemand):
     def __init__(
         self, config: ServerConfig, starter: Starter | None = None, resolver: Resolver | None = None
     ):
@@ -105,6 +113,7 @@ class ModelRegistry(Recovery):
         self._entries: dict[str, _Entry] = {}
         self.aliases: dict[str, str] = dict(config.model_aliases)  # alias -> served id
         self.closed = False  # set by unload_all: no more loads or new requests
+        self._init_on_demand()
 
     # ---- load / unload ----------------------------------------------------------------------
 
@@ -197,15 +206,20 @@ class ModelRegistry(Recovery):
         if self._entries.get(model_id) is entry:
             del self._entries[model_id]
 
-    async def unload(self, model_id: str, grace_s: float | None = None) -> None:
+    async def unload(
+        self, model_id: str, grace_s: float | None = None, keep_spec: bool = False
+    ) -> None:
         """Stops admitting requests to the model (`model_id` or an alias of it), gives its
         in-flight ones up to `grace_s` (default: the config's shutdown grace), then stops its
         engine; a wedged engine is killed. A model still loading or recovering has that
-        cancelled (its half-started engine's process group killed). Raises ModelNotFound."""
+        cancelled (its half-started engine's process group killed). A startup model stays
+        loadable on demand only with `keep_spec` (axon's own unloads). Raises ModelNotFound."""
         model_id = self.resolve(model_id)
         entry = self._entries.get(model_id)
         if entry is None:
             raise ModelNotFound(f"model {model_id!r} is not loaded", param="model_id")
+        if not keep_spec:
+            self._reloadable.pop(model_id, None)
         del self._entries[model_id]  # from here on its new requests get 404
         if entry.task is not None:
             entry.task.cancel()

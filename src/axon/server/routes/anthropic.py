@@ -29,7 +29,7 @@ from axon.server.generation import (
     EventStream,
     Generation,
     or_disconnect,
-    served_model,
+    request_model,
 )
 from axon.server.offload import json_response, off_loop
 from axon.server.schemas.anthropic_context import cleared_thinking_turns
@@ -311,7 +311,7 @@ def _applied_edits(model, body: MessagesRequest) -> dict | None:
 async def create_message(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), MessagesRequest)
-    model = served_model(request, body.model)
+    model = await request_model(request, body.model)
     prepared, edits = await off_loop(_prepare, model, body)
     generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))
     context = _MessageContext(body, model, prepared.plan, prepared.params, edits)
@@ -331,5 +331,5 @@ def _count(model, body: CountTokensRequest) -> dict:
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request) -> dict:
     body = await off_loop(parse_request, await request.body(), CountTokensRequest)
-    model = served_model(request, body.model)
+    model = await request_model(request, body.model)
     return await off_loop(_count, model, body)

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import Field
 
 from axon.server.errors import BadRequest
-from axon.server.generation import or_disconnect, served_model, vocab_size
+from axon.server.generation import or_disconnect, request_model, vocab_size
 from axon.server.offload import json_response, off_loop
 from axon.server.schemas.protocol import OpenAIModel, parse_request
 
@@ -32,7 +32,7 @@ class EmbeddingRequest(OpenAIModel):
 @router.post("/v1/embeddings")
 async def create_embeddings(request: Request) -> Response:
     body = await off_loop(parse_request, await request.body(), EmbeddingRequest)
-    model = served_model(request, body.model)
+    model = await request_model(request, body.model)
     model.size_caps.check_sequences(len(embedding_inputs(body)), prompts_param="input")
     prompts = await off_loop(embedding_prompts, body, model)
     vectors = await or_disconnect(request, model.embed(prompts))

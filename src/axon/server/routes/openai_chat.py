@@ -13,7 +13,7 @@ from axon.engine.output_processor import RequestState
 from axon.server.admission import check_request
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput
 from axon.server.chat_pipeline import prepare_chat
-from axon.server.generation import EventStream, Generation, or_disconnect, served_model
+from axon.server.generation import EventStream, Generation, or_disconnect, request_model
 from axon.server.offload import json_response, maybe_off_loop, off_loop
 from axon.server.schemas.logprobs import prompt_logprobs_json
 from axon.server.schemas.protocol import (
@@ -145,7 +145,7 @@ async def _chat_stream(generation: Generation, context: _ChatContext):
 async def create_chat_completion(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), ChatCompletionRequest)
-    model = served_model(request, body.model)
+    model = await request_model(request, body.model)
     check_request(model, body)
     prepared = await off_loop(prepare_chat, model, body, request.headers)
     generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))

@@ -20,7 +20,7 @@ from axon.server.generation import (
     close_all,
     merge,
     or_disconnect,
-    served_model,
+    request_model,
     start_all,
     vocab_size,
 )
@@ -82,7 +82,7 @@ async def create_completion(request: Request):
     body = await off_loop(parse_request, await request.body(), CompletionRequest)
     if body.suffix:
         raise BadRequest("suffix is not supported", param="suffix")
-    model = served_model(request, body.model)
+    model = await request_model(request, body.model)
     items = _prompt_items(body)
     check_request(model, body, len(items))
     prompts, params = await _prepare(body, model, items)

@@ -16,7 +16,7 @@ from axon.server.generation import (
     EventStream,
     Generation,
     or_disconnect,
-    served_model,
+    request_model,
 )
 from axon.server.offload import json_response, off_loop
 from axon.server.schemas.protocol import (
@@ -336,7 +336,7 @@ async def create_response(request: Request):
             code="chained_conversation_not_supported",
             param="previous_response_id",
         )
-    model = served_model(request, body.model)
+    model = await request_model(request, body.model)
     check_request(model, body)
     prepared = await off_loop(_prepare, model, body)
     generation = await or_disconnect(request, Generation.of_chat(model, prepared, started_at))
