@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +23,7 @@ from axon.server.errors import (
     Unprocessable,
 )
 from axon.server.images import ImageFrontend, media_policy
+from axon.server.lifecycle.debug_hooks import fire_debug_hooks
 from axon.server.lifecycle.frontend import load_frontend, load_generation_defaults
 from axon.tokenizer.chat_template import (
     ChatTemplate,
@@ -34,12 +34,6 @@ from axon.tokenizer.chat_template import (
 
 logger = logging.getLogger(__name__)
 
-_DEBUG_HOOKS = {
-    "AXON_DEBUG_POISON": "inject_fault",
-    "AXON_DEBUG_WEDGE": "inject_hang",
-    "AXON_DEBUG_TP_WEDGE": "inject_tp_wedge",  # rank 1 of a tensor-parallel engine hangs
-}
-_DEBUG_FIRED: set[tuple[str, str]] = set()
 _PROBE_CHARS_PER_TOKEN = 16  # a long text's head that is tokenized first (see encode)
 _PROBE_SLACK_TOKENS = 8
 
@@ -296,7 +290,7 @@ class ServedModel:
         self._admit(len(prompt_token_ids), params, capacity_checked)
         request_id = uuid.uuid4().hex
         state = RequestState(request_id, prompt, prompt_token_ids, params, self.tokenizer)
-        await self._debug_hooks()
+        await fire_debug_hooks(self.id, self.client)
         self._enter(len(prompt_token_ids), params.n)
         waiting_tokens = len(prompt_token_ids)
         stream = self.client.generate(request_id, prompt_token_ids, params, images)
@@ -362,15 +356,6 @@ class ServedModel:
             await stream.aclose()
             self.num_waiting_tokens -= len(prompt_token_ids)
             self._leave(1)
-
-    async def _debug_hooks(self) -> None:
-        """neuron's NEURON_DEBUG_POISON, and a wedge: when AXON_DEBUG_POISON (or _WEDGE) names
-        this model, its first request in this process injects a device fault (or a step that
-        never returns), so tests can drive poisoning, the watchdog and recovery end to end."""
-        for variable, command in _DEBUG_HOOKS.items():
-            if os.environ.get(variable) == self.id and (variable, self.id) not in _DEBUG_FIRED:
-                _DEBUG_FIRED.add((variable, self.id))
-                await self.client.call(command)
 
     def _enter(self, prompt_len: int, num_seqs: int) -> None:
         self.num_inflight += 1
