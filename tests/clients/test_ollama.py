@@ -201,6 +201,24 @@ def test_embed_and_embeddings(client, server):
     assert too_long.value.status_code == 400 and "truncate" in too_long.value.error
 
 
+def test_keep_alive_for_a_startup_model_and_one_loaded_through_the_node_api(client):
+    """The startup model is axon's to unload: a positive keep_alive is its idle time (ps's
+    expires_at); the node API's model stays until unloaded, so only 0 or negative go."""
+    client.chat(model=MODEL_ID, messages=HELLO, options=GREEDY, keep_alive="5m")
+    assert running_models(client)[MODEL_ID].expires_at is not None
+    client.chat(model=MODEL_ID, messages=[], keep_alive=-1)  # kept: no expiry
+    assert running_models(client)[MODEL_ID].expires_at is None
+    assert running_models(client)[EMBED_ID].expires_at is None
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model=EMBED_ID, input="hello", keep_alive="5m")
+    assert refused.value.status_code == 400 and "node API" in refused.value.error
+    assert client.embed(model=EMBED_ID, input="hello", keep_alive=-1).embeddings
+
+
+def running_models(client) -> dict:
+    return {m.model: m for m in client.ps().models}
+
+
 # ---- refusals -------------------------------------------------------------------------------
 
 
@@ -214,7 +232,7 @@ def test_embed_and_embeddings(client, server):
         ({"options": {"num_ctx": 8}}, "messages"),  # the prompt does not fit its window
         ({"options": {"temperature": "hot"}}, "options.temperature"),
         ({"options": {"num_predict": 0}}, "options.num_predict"),
-        ({"keep_alive": "5m"}, "keep_alive"),
+        ({"keep_alive": "soon"}, "keep_alive"),
         ({"think": "extreme"}, "think"),
         ({"logprobs": True}, "logprobs"),
     ],

@@ -14,6 +14,7 @@ ModelRegistry's on-demand half (it uses the registry's `_entries`, `config`, `lo
   per-request keep_alive) sets how long it stays loaded once idle: 0 unloads it as soon as its
   requests end, a negative value never, None keeps `idle_unload_s`. Call it after `ensure`.
 - `registry.expires_in(name)`: seconds until the idle unload takes it (Ollama's `expires_at`).
+- `registry.unloads_itself(name)`: whether the keep-alive applies to it (see below).
 
 Only reloadable models are ever unloaded by axon itself: those loaded on demand and the
 startup models (their spec is kept, so a request loads them again). A model loaded through
@@ -142,6 +143,12 @@ class OnDemand:
         entry.last_used = time.monotonic()
         if keep_alive_s is not None:
             entry.keep_alive_s = keep_alive_s
+
+    def unloads_itself(self, name: str) -> bool:
+        """Whether axon unloads the loaded model `name` names by itself (idle, to make room):
+        one loaded on demand or at startup, not one loaded through `POST /models/load`."""
+        entry = self._entries.get(self.resolve(name))
+        return entry is not None and entry.reloadable
 
     def expires_in(self, name: str) -> float | None:
         """Seconds until the idle unload takes the model `name` names if no request uses it

@@ -6,12 +6,12 @@ parsed output (thinking, content, tool calls) comes back in Ollama's shape, whol
 lines (Ollama streams unless `stream: false`), the last one `done: true` with the done reason,
 token counts and durations in nanoseconds. Errors use Ollama's shape, `{"error": "..."}`, with
 their HTTP status; the API key is the server's (`Authorization: Bearer`). An empty prompt (or no
-messages) only answers whether the model is loaded (`done_reason: "load"`), as Ollama's does.
+messages) loads the model (`done_reason: "load"`), or with keep_alive 0 unloads it (`unload`), as
+Ollama's does; routes/ollama_keep_alive.py finds the model (on demand) and applies keep_alive.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -26,17 +26,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from axon.server.auth import require_api_key
 from axon.server.chat_output import ChatOutputPlan, ChoiceOutput, call_arguments
 from axon.server.chat_pipeline import PreparedChat, prepare_chat
-from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound
+from axon.server.errors import AxonHTTPError, BadRequest
 from axon.server.generation import (
     ClientDisconnected,
     EventStream,
     Generation,
     or_disconnect,
-    served_model,
     vocab_size,
 )
 from axon.server.offload import off_loop
 from axon.server.reasoning_budget import can_disable_thinking
+from axon.server.routes.ollama_keep_alive import kept_model, schedule_unload, unload_now
 from axon.server.sampling import build_sampling_params, check_context, check_prompt_ids
 from axon.server.schemas.ollama import (
     ChatRequest,
@@ -45,13 +45,12 @@ from axon.server.schemas.ollama import (
     generate_messages,
     to_chat_request,
 )
-from axon.server.schemas.ollama_options import check_num_ctx, option_of, unload_after
+from axon.server.schemas.ollama_options import check_num_ctx, keep_alive_seconds, option_of
 from axon.server.schemas.protocol import SampleCursor, parse_request
 from axon.tokenizer.parsers import parser_family
 
 logger = logging.getLogger(__name__)
 _NS = 1_000_000_000
-_unloads: set[asyncio.Task] = set()  # keep_alive 0's unloads, held until they finish
 # A chat field's name in an error -> the Ollama field the request set it with.
 _RENAMES = {"reasoning_effort": "think", "thinking_token_budget": "think"}
 
@@ -94,16 +93,6 @@ class OllamaRoute(APIRoute):
 router = APIRouter(route_class=OllamaRoute, dependencies=[Depends(require_api_key)])
 
 
-def ollama_model(request: Request, name: str):
-    """The served model `name` (an alias too); Ollama's clients add `:latest` to a bare name."""
-    try:
-        return served_model(request, name)
-    except ModelNotFound:
-        if not name.endswith(":latest"):
-            raise
-        return served_model(request, name.removesuffix(":latest"))
-
-
 def created_at() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
@@ -116,20 +105,6 @@ class NdjsonStream(EventStream):
     """Ollama's stream: one JSON object a line, aborted the moment the client goes away."""
 
     media_type = "application/x-ndjson"
-
-
-def schedule_unload(request: Request, model_id: str) -> None:
-    """keep_alive 0: the model is unloaded once this request is answered."""
-    registry = request.app.state.axon.registry
-    task = asyncio.get_running_loop().create_task(registry.unload(model_id))
-    _unloads.add(task)
-    task.add_done_callback(_unload_done)
-
-
-def _unload_done(task: asyncio.Task) -> None:
-    _unloads.discard(task)
-    if not task.cancelled() and isinstance(task.exception(), Exception):
-        logger.warning("keep_alive 0: the unload failed: %s", task.exception())
 
 
 # ---- preparing a request --------------------------------------------------------------------
@@ -351,13 +326,17 @@ async def answer(request: Request, model, body, reply: Reply, unload: bool):
     return JSONResponse(await off_loop(reply.whole, state))
 
 
-async def load_answer(request: Request, model, name: str, unload: bool, chat: bool):
+async def load_answer(request: Request, body, keep_alive, chat: bool):
     """An empty request: the model is loaded (`load`), or unloaded now with keep_alive 0."""
-    if unload:
-        await request.app.state.axon.registry.unload(model.id)
-    line = {"model": name, "created_at": created_at()}
+    if keep_alive_seconds(keep_alive) == 0:
+        await unload_now(request, body.model)
+        reason = "unload"
+    else:
+        await kept_model(request, body.model, keep_alive)
+        reason = "load"
+    line = {"model": body.model, "created_at": created_at()}
     line |= {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
-    return JSONResponse({**line, "done": True, "done_reason": "unload" if unload else "load"})
+    return JSONResponse({**line, "done": True, "done_reason": reason})
 
 
 # ---- routes ---------------------------------------------------------------------------------
@@ -368,10 +347,9 @@ async def chat(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), ChatRequest)
     body.check_logprobs()
-    unload = unload_after(body.keep_alive)
-    model = ollama_model(request, body.model)
     if not body.messages:
-        return await load_answer(request, model, body.model, unload, chat=True)
+        return await load_answer(request, body, body.keep_alive, chat=True)
+    model, unload = await kept_model(request, body.model, body.keep_alive)
     prepared = await off_loop(prepare_chat_request, model, body)
     reply = Reply(body.model, prepared, chat=True, raw=False, started_at=started_at)
     return await answer(request, model, body, reply, unload)
@@ -382,11 +360,10 @@ async def generate(request: Request):
     started_at = time.monotonic()
     body = await off_loop(parse_request, await request.body(), GenerateRequest)
     body.check_logprobs()
-    unload = unload_after(body.keep_alive)
-    model = ollama_model(request, body.model)
     if not body.prompt and not body.images:
         body.check_unsupported()
-        return await load_answer(request, model, body.model, unload, chat=False)
+        return await load_answer(request, body, body.keep_alive, chat=False)
+    model, unload = await kept_model(request, body.model, body.keep_alive)
     prepared = await off_loop(prepare_generate_request, model, body)
     reply = Reply(body.model, prepared, chat=False, raw=body.raw, started_at=started_at)
     return await answer(request, model, body, reply, unload)

@@ -2,9 +2,11 @@
 /api/show`, `GET /api/version`, `POST /api/pull`, `POST /api/embed` and the older
 `POST /api/embeddings`.
 
-axon has no model store of its own yet: `tags` and `ps` both list the loaded models (`tags`
-with each alias too, whose `details.parent_model` is the served id), sizes are the weights'
-bytes in memory, and `ps` gives no `expires_at` since a model stays loaded until unloaded.
+`tags` lists the models a request may name: the loaded ones (each alias too, whose
+`details.parent_model` is the served id), then those the models dirs hold that are not loaded
+(a request loads them on demand; their size is their weight files'). `ps` lists the loaded ones,
+sizes the weights' bytes in memory, with `expires_at` when axon will unload the model idle (its
+keep-alive) and none when it stays until unloaded.
 `pull` loads a Hugging Face repo (`org/name`, or `org/name:QUANT` for one GGUF file of it) as the
 node API's `POST /models/load` does, served under the name pulled, its progress streamed; a model
 already loaded is a success at once.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,13 +37,8 @@ from axon.server.routes.embeddings import (
     embedding_prompts,
     embedding_response,
 )
-from axon.server.routes.ollama import (
-    NdjsonStream,
-    OllamaRoute,
-    error_response,
-    ndjson,
-    ollama_model,
-)
+from axon.server.routes.ollama import NdjsonStream, OllamaRoute, error_response, ndjson
+from axon.server.routes.ollama_keep_alive import kept_model, ollama_model
 from axon.server.schemas.node_protocol import ModelSpec
 from axon.server.schemas.ollama import (
     EmbeddingsRequest,
@@ -48,7 +46,7 @@ from axon.server.schemas.ollama import (
     PullRequest,
     ShowRequest,
 )
-from axon.server.schemas.ollama_options import check_num_ctx, unload_after
+from axon.server.schemas.ollama_options import check_num_ctx
 from axon.server.schemas.protocol import parse_request
 from axon.tokenizer.parsers import parser_family
 
@@ -103,8 +101,12 @@ def capabilities(model) -> list[str]:
     return found
 
 
+def _rfc3339(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).isoformat().replace("+00:00", "Z")
+
+
 def _modified_at(model) -> str:
-    return datetime.fromtimestamp(model.created, UTC).isoformat().replace("+00:00", "Z")
+    return _rfc3339(model.created)
 
 
 def _entry(model, name: str) -> dict:
@@ -126,26 +128,47 @@ async def version() -> dict:
     return {"version": __version__}
 
 
+def _available_entry(row: dict) -> dict:
+    """A model a models dir holds, not loaded: what its files say (no family before loading)."""
+    quant = quant_label(row["id"]) if row.get("format") == "gguf" else ""
+    details = {"parent_model": "", "format": row.get("format") or "", "family": ""}
+    details |= {"families": None, "parameter_size": "", "quantization_level": quant}
+    return {
+        "name": row["id"],
+        "model": row["id"],
+        "modified_at": _rfc3339(row.get("modified") or 0),
+        "size": row.get("size_bytes") or 0,
+        "details": details,
+    }
+
+
 @router.get("/api/tags")
 async def tags(request: Request) -> dict:
-    """The loaded models, each followed by its aliases."""
+    """The loaded models, each followed by its aliases, then the available ones."""
     registry = request.app.state.axon.registry
     entries = []
     for model in registry.list_models():
         entries.append(_entry(model, model.id))
         aliases = [alias for alias, target in registry.aliases.items() if target == model.id]
         entries += [_entry(model, alias) for alias in aliases]
+    listing = getattr(registry, "listing", None)  # a stand-in registry (tests) may have none
+    rows = await listing() if listing is not None else []
+    entries += [_available_entry(row) for row in rows if row["status"] == "available"]
     return {"models": entries}
 
 
 @router.get("/api/ps")
 async def running(request: Request) -> dict:
     """The loaded models with their memory (all on the accelerator when there is one)."""
-    models = []
-    for model in request.app.state.axon.registry.list_models():
+    registry, models = request.app.state.axon.registry, []
+    expires_in = getattr(registry, "expires_in", lambda name: None)
+    for model in registry.list_models():
         entry = _entry(model, model.id)
         on_device = not str(_info(model).get("device") or "cpu").startswith("cpu")
         entry |= {"size_vram": entry["size"] if on_device else 0}
+        seconds = expires_in(model.id)
+        if seconds is not None:  # none: it stays loaded until it is unloaded
+            entry["expires_at"] = _rfc3339(time.time() + seconds)
         models.append(entry | {"context_length": model.max_model_len})
     return {"models": models}
 
@@ -167,7 +190,7 @@ def _template(model) -> str:
 async def show(request: Request) -> dict:
     body = await off_loop(parse_request, await request.body(), ShowRequest)
     name = body.model_name()
-    model = ollama_model(request, name)
+    model = await ollama_model(request, name)
     info, family = _info(model), _info(model).get("model_type") or "unknown"
     model_info = {"general.architecture": family, f"{family}.context_length": model.max_model_len}
     if info.get("hidden_size"):
@@ -227,7 +250,7 @@ async def pull(request: Request):
     body = await off_loop(parse_request, await request.body(), PullRequest)
     name = body.model_name()
     try:
-        ollama_model(request, name)
+        await ollama_model(request, name)  # a model a models dir holds is loaded from there
     except ModelNotFound:
         pass
     else:
@@ -278,8 +301,7 @@ def _embed_prompts(model, body: EmbedRequest) -> tuple[EmbeddingRequest, list[li
 async def embed(request: Request) -> dict:
     started = datetime.now(UTC)
     body = await off_loop(parse_request, await request.body(), EmbedRequest)
-    unload = unload_after(body.keep_alive)
-    model = ollama_model(request, body.model)
+    model, unload = await kept_model(request, body.model, body.keep_alive)
     if body.input == []:  # Ollama's way of loading a model: nothing to embed
         return {"model": body.model, "embeddings": []}
     openai_body, prompts = await off_loop(_embed_prompts, model, body)
@@ -301,8 +323,7 @@ async def embed(request: Request) -> dict:
 async def embeddings(request: Request) -> dict:
     """The older route: one prompt, one `embedding`."""
     body = await off_loop(parse_request, await request.body(), EmbeddingsRequest)
-    unload = unload_after(body.keep_alive)
-    model = ollama_model(request, body.model)
+    model, unload = await kept_model(request, body.model, body.keep_alive)
     if not body.prompt:
         return {"embedding": []}
     embed_body = EmbedRequest(model=body.model, input=body.prompt, options=body.options)

@@ -156,17 +156,19 @@ def _duration(text: str) -> float:
 
 
 def unload_after(keep_alive: Any) -> bool:
-    """Whether the model is unloaded after this request: `keep_alive` 0. A negative one (keep
-    it loaded) is what axon does anyway; a positive one would need an idle unload, which axon
-    does not have: a 400 rather than a promise not kept."""
+    """For a model loaded through the node API (`POST /models/load`), which axon never unloads
+    by itself: whether it is unloaded after this request (`keep_alive` 0). A negative one (keep
+    it loaded) is what happens anyway; a positive one would need an idle unload this model does
+    not have: a 400 rather than a promise not kept. (The models axon manages take any
+    keep_alive: `registry.touch`.)"""
     seconds = keep_alive_seconds(keep_alive)
     if seconds is None or seconds < 0:
         return False
     if seconds == 0:
         return True
     raise BadRequest(
-        f"keep_alive: axon keeps a model loaded until it is unloaded (no idle unload), so "
-        f"{keep_alive!r} cannot be honoured: send a negative value, or 0 to unload it after "
-        "this request",
+        f"keep_alive: this model was loaded through the node API (POST /models/load) and "
+        f"stays loaded until it is unloaded, so {keep_alive!r} cannot be honoured: send a "
+        "negative value, or 0 to unload it after this request",
         param="keep_alive",
     )
