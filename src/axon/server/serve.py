@@ -279,6 +279,11 @@ async def load_default_models(registry, specs, tracker: ActivationTracker) -> No
     # of the cyclic GC, whose full passes (holding the GIL, so stalling the event loop) then
     # walk what requests made, not all of torch and transformers as well.
     gc.freeze()
+    # A full pass every 100 middle ones, not 10: the rule that holds full passes back until a
+    # quarter as much as gen 2 holds is new counts only unfrozen objects, so after freeze() it
+    # no longer did, and a 55 MB answer's in-flight objects were walked 32 times (up to 45 ms of
+    # stalled event loop each; 3 passes of <= 8 ms at 100: docs/performance.md).
+    gc.set_threshold(*gc.get_threshold()[:2], 100)
     logger.info("activation ready: %s", json.dumps(tracker.snapshot()))
 
 
