@@ -6,7 +6,7 @@ TokenUpdates, so it never touches the device.
 
 from __future__ import annotations
 
-from axon.outputs import CompletionOutput, Logprob, RequestOutput, TokenUpdate
+from axon.outputs import CompletionOutput, Logprob, RequestOutput, SampleLogprobs, TokenUpdate
 from axon.sampling_params import SamplingParams
 from axon.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -27,7 +27,7 @@ class SampleState:
         self.emitted = 0  # characters of `text` already streamed
         self.token_ids: list[int] = []
         want_logprobs = params.logprobs is not None
-        self.logprobs: list[dict[int, Logprob]] | None = [] if want_logprobs else None
+        self.logprobs = SampleLogprobs(tokenizer) if want_logprobs else None
         self.cumulative_logprob = 0.0 if want_logprobs else None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -65,7 +65,7 @@ class SampleState:
         return False
 
     def _add_logprobs(self, lp) -> None:
-        self.logprobs.append(self._entry(lp.token_id, lp.logprob, lp.rank, lp.top))
+        self.logprobs.add(lp)
         self.cumulative_logprob += lp.logprob
 
     def _entry(self, token_id: int, logprob: float, rank: int, top: list) -> dict[int, Logprob]:

@@ -316,11 +316,22 @@ async def load_default_models(registry, specs, tracker: ActivationTracker) -> No
         else:
             tracker.finish(spec.served_id)
     tracker.state = "ready"
-    # The modules, app and startup models' tokenizers live as long as the process: frozen out
-    # of the cyclic GC, whose full passes (holding the GIL, so stalling the event loop) then
-    # walk what requests made, not all of torch and transformers as well.
-    gc.freeze()
+    _keep_the_loop_responsive()
     logger.info("activation ready: %s", json.dumps(tracker.snapshot()))
+
+
+def _keep_the_loop_responsive() -> None:
+    """What keeps a big answer's work from stalling the event loop (docs/performance.md)."""
+    # Modules, app and startup tokenizers live as long as the process: out of the cyclic GC,
+    # whose full passes (holding the GIL, so stalling the loop) walk only what requests made.
+    gc.freeze()
+    # After freeze() CPython's rule that holds a full pass back until gen 2 grew by a quarter
+    # counts only unfrozen objects, so it held nothing back: a 55 MB answer's in-flight objects
+    # were walked 32 times (up to 45 ms each); a full pass every 100 gen-1 passes, not 10: 3.
+    gc.set_threshold(*gc.get_threshold()[:2], 100)
+    # A pool thread building a big body yields the GIL to the waiting loop after 1 ms, not 5:
+    # a /health probe waits for it several times; p99 ~65 ms -> 20-30 ms during a 55 MB answer.
+    sys.setswitchinterval(0.001)
 
 
 def _make_server(config: ServerConfig, state):
