@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from axon.server.serve import add_serve_args  # lazy: the server stack loads in run_serve
+    from axon.server.serve_args import add_serve_args  # lazy: the server stack loads in run_serve
 
     serve = commands.add_parser("serve", help="run the HTTP server (OpenAI API + node API)")
     add_serve_args(serve)

@@ -326,7 +326,7 @@ def test_kv_cache_dtype_follows_the_activation_precision_unless_set(q4_k_file):
 
 def test_cli_flag_reaches_the_engine_arguments(capsys):
     from axon.cli import build_parser, engine_args_from_namespace
-    from axon.server.serve import config_from_namespace
+    from axon.server.serve_args import config_from_namespace
 
     parser = build_parser()
     ns = parser.parse_args(["serve", "m.gguf", "--activation-precision", "int8"])

@@ -14,7 +14,7 @@ from axon.server.config import (
     parse_env_value,
 )
 from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
-from axon.server.serve import config_from_namespace
+from axon.server.serve_args import config_from_namespace
 
 TOML = """
 host = "0.0.0.0"

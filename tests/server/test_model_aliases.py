@@ -14,7 +14,7 @@ import pytest
 from axon.cli import build_parser
 from axon.server.config import ServerConfig, config_from_mapping, load_config
 from axon.server.schemas.node_protocol import ModelSpec
-from axon.server.serve import config_from_namespace
+from axon.server.serve_args import config_from_namespace
 
 from .conftest import (
     MODEL_ID,

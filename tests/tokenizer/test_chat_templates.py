@@ -279,7 +279,7 @@ def test_tokenizer_template_used_when_the_directory_has_none(tmp_path, qwen3_tok
 def test_serve_flag_reaches_the_model_spec(tmp_path):
     import argparse
 
-    from axon.server.serve import add_serve_args, config_from_namespace
+    from axon.server.serve_args import add_serve_args, config_from_namespace
 
     parser = argparse.ArgumentParser()
     add_serve_args(parser)

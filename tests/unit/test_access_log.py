@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from axon.engine.client import describe_exit
+from axon.engine.exit_status import describe_exit
 from axon.server.access_log import RedactQuerySecrets, redact_query
 
 

@@ -17,7 +17,7 @@ from axon.server.config import load_config
 from axon.server.errors import BadRequest
 from axon.server.images import ImageFrontend, image_parts, media_policy
 from axon.server.schemas.node_protocol import EngineArgs
-from axon.server.serve import parse_mm_limits
+from axon.server.serve_args import parse_mm_limits
 
 IMAGE, START, END = 90, 91, 92
 BAND = {"shortest_edge": 16 * 16 * 4, "longest_edge": 16 * 16 * 4096}  # patch 16, merge 2

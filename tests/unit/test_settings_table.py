@@ -17,7 +17,7 @@ from axon.config import EngineConfig
 from axon.server.config import config_from_mapping
 from axon.server.lifecycle.multinode import multinode_args
 from axon.server.schemas.node_protocol import EngineArgs, ModelSpec
-from axon.server.serve import add_serve_args, config_from_namespace
+from axon.server.serve_args import add_serve_args, config_from_namespace
 from axon.settings import ENGINE, GENERATE, LLM, SERVE, SETTINGS, SPEC, TABLE, Setting, select
 
 MODEL = "m.gguf"  # a GGUF name: activation_precision int8 applies to it

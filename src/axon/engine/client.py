@@ -24,13 +24,13 @@ import logging
 import multiprocessing as mp
 import multiprocessing.connection
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from axon.engine.exit_status import describe_exit
 from axon.engine.messages import (
     Abort,
     AddRequest,
@@ -57,23 +57,8 @@ if TYPE_CHECKING:  # this module stays light: `axon serve` spawns an engine befo
 
 logger = logging.getLogger(__name__)
 
-
 EXIT_CODE_WAIT_S = 1.0
 EXIT_CODE_POLL_S = 0.005
-
-
-def describe_exit(exit_code: int | None) -> str:
-    """How a process ended, from its exit code (-N: signal N): `killed by SIGKILL`,
-    `exited with code 1`, or `exited (exit status unknown)`."""
-    if exit_code is None:
-        return "exited (exit status unknown)"
-    if exit_code < 0:
-        try:
-            name = signal.Signals(-exit_code).name
-        except ValueError:
-            name = f"signal {-exit_code}"
-        return f"killed by {name}"
-    return f"exited with code {exit_code}"
 
 
 class EngineError(RuntimeError):

@@ -17,7 +17,6 @@ import time
 from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from axon.server.auth import bearer_token
@@ -25,13 +24,13 @@ from axon.server.chat_output import ChatOutputPlan, ChoiceOutput, call_arguments
 from axon.server.chat_pipeline import PreparedChat, chat_prompt, prepare_chat
 from axon.server.errors import AxonHTTPError, Unauthorized
 from axon.server.generation import (
-    ClientDisconnected,
     EventStream,
     Generation,
     or_disconnect,
     request_model,
 )
 from axon.server.offload import json_response, off_loop
+from axon.server.routes.shaped import error_shaped_route
 from axon.server.schemas.anthropic_context import cleared_thinking_turns
 from axon.server.schemas.anthropic_protocol import (
     CountTokensRequest,
@@ -75,21 +74,7 @@ def error_response(exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
-class _AnthropicRoute(APIRoute):
-    """A route whose errors, its dependencies' (the API key) included, take Anthropic's shape."""
-
-    def get_route_handler(self):
-        handler = super().get_route_handler()
-
-        async def handle(request: Request):
-            try:
-                return await handler(request)
-            except ClientDisconnected:
-                raise  # nobody reads the answer: the app's handler closes quietly
-            except Exception as exc:  # noqa: BLE001 - every error is answered in this shape
-                return error_response(exc)
-
-        return handle
+_AnthropicRoute = error_shaped_route(error_response)
 
 
 async def require_key(request: Request) -> None:

@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from axon.server.auth import require_api_key
@@ -28,7 +27,6 @@ from axon.server.chat_output import ChatOutputPlan, ChoiceOutput, call_arguments
 from axon.server.chat_pipeline import PreparedChat, prepare_chat
 from axon.server.errors import AxonHTTPError, BadRequest
 from axon.server.generation import (
-    ClientDisconnected,
     EventStream,
     Generation,
     or_disconnect,
@@ -37,6 +35,7 @@ from axon.server.generation import (
 from axon.server.offload import off_loop
 from axon.server.reasoning_budget import can_disable_thinking
 from axon.server.routes.ollama_keep_alive import kept_model, schedule_unload, unload_now
+from axon.server.routes.shaped import error_shaped_route
 from axon.server.sampling import build_sampling_params, check_context, check_prompt_ids
 from axon.server.schemas.ollama import (
     ChatRequest,
@@ -73,21 +72,7 @@ def error_response(exc: Exception) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
-class OllamaRoute(APIRoute):
-    """A route whose errors, the API key's included, take Ollama's shape."""
-
-    def get_route_handler(self):
-        handler = super().get_route_handler()
-
-        async def handle(request: Request):
-            try:
-                return await handler(request)
-            except ClientDisconnected:
-                raise  # nobody reads the answer: the app's handler closes quietly
-            except Exception as exc:  # noqa: BLE001 - every error is answered in this shape
-                return error_response(exc)
-
-        return handle
+OllamaRoute = error_shaped_route(error_response)
 
 
 router = APIRouter(route_class=OllamaRoute, dependencies=[Depends(require_api_key)])
