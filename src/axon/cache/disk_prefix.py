@@ -75,6 +75,7 @@ class DiskPrefixStore:
         self.num_evicted = 0
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
         self._total = 0  # bytes in the directory as last scanned plus what this process wrote
+        self._pending: set[tuple[str, bytes]] = set()  # queued, not yet written
         self._lock = threading.Lock()
         try:
             os.makedirs(self.dir, exist_ok=True)
@@ -90,8 +91,8 @@ class DiskPrefixStore:
         return os.path.join(self.dir, f"{block_hash.hex()}.{kind}")
 
     def contains(self, kind: str, block_hash: bytes) -> bool:
-        """Whether a file for the block exists (unchecked: `read_into` checks it)."""
-        return os.path.exists(self.path(kind, block_hash))
+        """Whether a file for the block exists or is queued (unchecked: `read_into` checks)."""
+        return (kind, block_hash) in self._pending or os.path.exists(self.path(kind, block_hash))
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -148,6 +149,7 @@ class DiskPrefixStore:
         except queue.Full:
             self.num_dropped += 1
             return False
+        self._pending.add((kind, block_hash))
         return True
 
     def flush(self) -> None:
@@ -160,17 +162,16 @@ class DiskPrefixStore:
         self._thread.join()
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
+        while (item := self._queue.get()) is not None:
             try:
-                if item is None:
-                    return
                 if self.writable:
                     self._write(*item)
             except Exception:  # a bug must not kill the thread and block flush() forever
                 logger.exception("prefix cache writer failed")
             finally:
+                self._pending.discard(item[:2])
                 self._queue.task_done()
+        self._queue.task_done()
 
     def _write(self, kind: str, block_hash: bytes, payload) -> None:
         view = memoryview(payload).cast("B")

@@ -140,10 +140,11 @@ class DiskTier:
             key = (seq.seq_id, seq.num_preemptions)
             if seq.block_table or key in self._looked:
                 continue
-            self._looked.add(key)
             if seq.pooling == "mean" or seq.wants_prompt_logprobs:
                 continue  # every prompt row computed: no prefix hits for them
             budget -= self._prefetch(seq, budget)
+            if budget > 0:  # else it may have more on disk: looked at again next step
+                self._looked.add(key)
         if len(self._looked) > 4 * self.max_num_seqs:
             waiting_keys = {(s.seq_id, s.num_preemptions) for s in waiting}
             self._looked &= waiting_keys
