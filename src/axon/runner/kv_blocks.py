@@ -38,8 +38,8 @@ class BlockCopier:
             for name in ("conv_state", "recurrent_state"):
                 states.append((f"{index}.{name}", getattr(layer, name)))
         self._layout = [(n, str(t.dtype), list(t.shape[1:])) for n, t in (*blocks, *states)]
-        self._blocks = _Rows([t for _, t in blocks])
-        self._states = _Rows([t for _, t in states])
+        self._blocks = ByteRows([t for _, t in blocks])
+        self._states = ByteRows([t for _, t in states])
         self.block_bytes = self._blocks.width
         self.state_bytes = self._states.width
 
@@ -67,7 +67,7 @@ class BlockCopier:
         self._states.scatter([self.state_base + i for i in indices], data)
 
 
-class _Rows:
+class ByteRows:
     """Tensors of as many rows each, as one byte matrix [rows, sum of their row bytes]: a
     row's bytes are each tensor's row in turn. Views, so writes land in the tensors.
 
