@@ -22,6 +22,7 @@ warning; reads go on. Past `max_bytes` in the whole directory the least recently
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -82,8 +83,10 @@ class DiskPrefixStore:
             self._total = sum(size for _, size, _ in self._scan())
         except OSError as exc:
             self._stop_writing(exc)
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="axon-prefix-disk", daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # a script that never closes its engine still writes
 
     # ---- names ------------------------------------------------------------------------------
 
@@ -141,7 +144,7 @@ class DiskPrefixStore:
 
     def put(self, kind: str, block_hash: bytes, payload) -> bool:
         """Queue a file for the writer thread; False (dropped) when the queue is full."""
-        if not self.writable:
+        if not self.writable or self._closed:
             self.num_dropped += 1
             return False
         try:
@@ -157,9 +160,13 @@ class DiskPrefixStore:
         self._queue.join()
 
     def close(self) -> None:
-        """Write what is queued and stop the thread."""
-        self._queue.put(None)
+        """Write what is queued and stop the thread (once; later calls return at once)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)  # the thread runs until it takes this: never blocks for good
         self._thread.join()
+        atexit.unregister(self.close)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:

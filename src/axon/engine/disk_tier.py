@@ -65,6 +65,7 @@ def fingerprint(config: EngineConfig, runner, copier: BlockCopier, rank: int = 0
     cache dtypes and layout, the block size, the device kind and the parallel layout."""
     described = {
         "model": model_identity(config.model),
+        "config": runner.hf_config.to_dict(),
         "dtype": str(runner.dtype),
         "activation_precision": runner.config.activation_precision,
         "kv_cache_dtype": config.kv_cache_dtype,
