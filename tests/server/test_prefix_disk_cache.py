@@ -8,6 +8,8 @@ from pathlib import Path
 
 from openai import OpenAI
 
+from axon.server.schemas.node_protocol import EngineArgs
+
 from .conftest import _serve_args, _wait_until_serving, spawn_serve, stop_server
 
 SYSTEM = " ".join(f"w{20 + i % 200}" for i in range(300))  # a long, fixed system prompt
@@ -60,3 +62,25 @@ def test_a_restarted_server_serves_the_prefix_from_disk(tiny_chat_model, tmp_pat
         stop_server(second)
     assert again == answer
     assert cached >= 300 // 16 * 16
+
+
+def test_a_load_over_http_may_not_choose_the_directory(tmp_path):
+    """Where the engine writes and removes files is the operator's: a `POST /models/load`
+    naming another directory is a 400 on the field; the server's own one is accepted."""
+    from .test_node_api import AUTH, KEY, Harness, run
+
+    own = str(tmp_path / "own")
+
+    async def scenario():
+        harness = Harness(api_key=KEY, engine=EngineArgs(prefix_cache_dir=own))
+        async with harness.client() as http:
+            body = {"model_id": "org/a", "prefix_cache_dir": "/etc/cron.d"}
+            refused = await http.post("/models/load", json=body, headers=AUTH)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["param"] == "prefix_cache_dir"
+            body["prefix_cache_dir"] = own
+            assert (await http.post("/models/load", json=body, headers=AUTH)).status_code == 200
+            started = harness.started[-1].engine_args
+            assert started["prefix_cache_dir"] == own
+
+    run(scenario())
