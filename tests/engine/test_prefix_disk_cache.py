@@ -29,11 +29,12 @@ PROMPT_LENGTH = 41  # ten full blocks and one token: the hit covers 40
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_5_text"])
+@pytest.fixture(scope="module", params=["qwen3", "gemma3_text", "qwen3_5_text"])
 def tiny(request, tiny_model_root):
-    if request.param == "qwen3":
-        return get_tiny_model("qwen3", tiny_model_root)
-    return get_qwen3_5(request.param, tiny_model_root)
+    """Dense attention; sliding-window layers beside full ones; hybrid Gated DeltaNet."""
+    if request.param.startswith("qwen3_5"):
+        return get_qwen3_5(request.param, tiny_model_root)
+    return get_tiny_model(request.param, tiny_model_root)
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,25 @@ def test_restart_serves_the_prefix_from_disk_exactly(tiny, tmp_path):
     if tiny.arch.startswith("qwen3_5"):
         assert stats["prefix_disk_snapshots_loaded"] >= 1
         assert stats["state_snapshot_restores"] >= 1
+
+
+def test_a_prefix_part_in_memory_part_on_disk(tiny, tmp_path):
+    """The blocks memory holds are used, the ones after them read from disk."""
+    prompt = random_prompt(PROMPT_LENGTH, 14)
+    head = prompt[:21] + random_prompt(6, 15)  # shares five blocks with `prompt`
+    cold = _generate(LLM(**_kwargs(tiny, enable_prefix_caching=False)), [head, prompt])
+    _written(tiny, tmp_path, [prompt])
+    llm = LLM(**_kwargs(tiny, prefix_cache_dir=str(tmp_path)))
+
+    got = _generate(llm, [head])
+    loaded = llm.get_stats()["prefix_disk_hits"]
+    got += _generate(llm, [prompt])
+
+    assert got == cold
+    assert loaded == 20
+    stats = llm.get_stats()
+    assert stats["prefix_disk_hits"] - loaded == PROMPT_LENGTH - 1 - 20
+    assert stats["prefix_cache_hits"] == 20 + PROMPT_LENGTH - 1
 
 
 @pytest.mark.parametrize("damage", ["flipped-byte", "truncated", "foreign-fingerprint"])
