@@ -8,7 +8,9 @@ For each prompt length N (random token ids, a one-token answer) it times, best o
   same prompt: the N - 1 tokens' full blocks are read from disk before the step, one token is
   computed;
 - `load`: the disk tier's own share of that (`DiskTier.prefetch`: the file reads, the checks and
-  the copy into the KV cache), and per block.
+  the copy into the KV cache), and per block;
+- `save`: what the first engine's step loop spent handing the prompt's blocks to the writer
+  thread (`DiskTier.save`: copying them out of the cache; the writing is the thread's).
 
 The files are in the page cache (just written), as on a machine whose RAM holds the directory;
 a first read from a cold SSD adds its read time. Each engine is built anew per run, so nothing
@@ -33,17 +35,17 @@ from axon.engine import disk_tier
 ONE_TOKEN = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
 
-def timed_prefetch() -> list[float]:
-    """Wrap DiskTier.prefetch so each call's seconds are recorded in the returned list."""
+def timed(name: str) -> list[float]:
+    """Wrap DiskTier's method `name` so each call's seconds are recorded in the returned list."""
     seconds: list[float] = []
-    original = disk_tier.DiskTier.prefetch
+    original = getattr(disk_tier.DiskTier, name)
 
-    def prefetch(self, waiting, num_running):
+    def wrapper(self, *args):
         start = time.perf_counter()
-        original(self, waiting, num_running)
+        original(self, *args)
         seconds.append(time.perf_counter() - start)
 
-    disk_tier.DiskTier.prefetch = prefetch
+    setattr(disk_tier.DiskTier, name, wrapper)
     return seconds
 
 
@@ -64,11 +66,13 @@ def measure(model: str, length: int, runs: int, engine_args: dict) -> dict:
     vocab = LLM(model, **engine_args).engine.runner.vocab_size
     prompt = [random.Random(length).randrange(10, vocab - 10) for _ in range(length)]
     prefill = min(generate(warmed(model, **engine_args), prompt) for _ in range(runs))
-    prefetch_seconds = timed_prefetch()
+    prefetch_seconds, save_seconds = timed("prefetch"), timed("save")
     restored, loads, blocks = [], [], 0
     with tempfile.TemporaryDirectory() as directory:
-        writer = LLM(model, prefix_cache_dir=directory, **engine_args)
+        writer = warmed(model, prefix_cache_dir=directory, **engine_args)
+        save_seconds.clear()
         generate(writer, prompt)
+        save = sum(save_seconds)
         writer.engine.close()
         for _ in range(runs):
             reader = warmed(model, prefix_cache_dir=directory, **engine_args)
@@ -85,6 +89,7 @@ def measure(model: str, length: int, runs: int, engine_args: dict) -> dict:
         "load_ms": min(loads) * 1e3,
         "blocks": blocks,
         "load_us_per_block": min(loads) / max(1, blocks) * 1e6,
+        "save_ms": save * 1e3,
     }
 
 
@@ -98,14 +103,14 @@ def main() -> None:
     model = args.model or str(demo_model_path())
     engine_args = {"dtype": args.dtype, "max_model_len": max(args.lengths) + 16}
     print(f"model {model}")
-    print("tokens  prefill ms  from disk ms  load ms  blocks  load us/block  speedup")
+    print("tokens  prefill ms  from disk ms  load ms  blocks  load us/block  speedup  save ms")
     for length in args.lengths:
         row = measure(model, length, args.runs, engine_args)
         speedup = row["prefill_ms"] / row["from_disk_ms"]
         print(
             f"{row['tokens']:6d}  {row['prefill_ms']:10.1f}  {row['from_disk_ms']:12.1f}  "
             f"{row['load_ms']:7.1f}  {row['blocks']:6d}  {row['load_us_per_block']:13.0f}  "
-            f"{speedup:6.1f}x"
+            f"{speedup:6.1f}x  {row['save_ms']:7.1f}"
         )
 
 
