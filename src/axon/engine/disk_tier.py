@@ -115,10 +115,14 @@ class DiskTier:
             why = "tensor parallelism keeps the KV cache in several processes"
         elif runner.plan.num_state_slots and not runner.plan.num_state_snapshots:
             why = "this hybrid model has no state snapshot pool"
+        if why is None:
+            try:
+                copier = BlockCopier(runner)
+            except RuntimeError as exc:  # a cache tensor whose rows are not contiguous bytes
+                why = f"the KV cache's layout is not copied by rows ({exc})"
         if why is not None:
             logger.warning("--prefix-cache-dir %s unused: %s", config.prefix_cache_dir, why)
             return None
-        copier = BlockCopier(runner)
         queue_size = max(4, _QUEUE_BYTES // max(1, copier.block_bytes))
         store = DiskPrefixStore(
             config.prefix_cache_dir,
