@@ -130,6 +130,13 @@ TABLE: tuple[Setting, ...] = (
     Setting("kv_cache_dtype", str, "auto", "KV cache element type; auto: float16 with int8 "
             "activations (half the bytes a decode step reads), else dtype's", EVERYWHERE,
             choices=DTYPES, shown=_DTYPE_SHOWN, rule=_DTYPE_RULE),
+    Setting("prefix_cache_dir", str, None, "keep the prefix cache's full KV blocks (and "
+            "hybrid models' state snapshots) on disk here too, so a restarted server or a "
+            "reloaded model serves a known prefix without prefilling it", EVERYWHERE,
+            _not_empty, "must not be empty", metavar="DIR"),
+    Setting("prefix_cache_disk_size", int, 10 << 30, "cap of --prefix-cache-dir in bytes (default "
+            "10G), least recently used files removed past it; binary suffixes allowed: 512M",
+            EVERYWHERE, lambda v: v > 0, "must be > 0", parse=parse_size, metavar="BYTES"),
     Setting("adaptive_threads", bool, True, "CPU: run n or n - 1 OpenMP threads, whichever "
             "steps faster (a core busy with another process); OMP_NUM_THREADS turns it off",
             EVERYWHERE),

@@ -36,6 +36,8 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "task": ("embed", "classify"),
     "activation_precision": ("int8", "int4"),
     "kv_cache_dtype": ("float16", "int8"),
+    "prefix_cache_dir": ("/var/cache/axon-prefix", ""),
+    "prefix_cache_disk_size": ("10G", "lots"),
     "adaptive_threads": (False, "maybe"),
     "served_model_name": ("alias", ""),
     "quant": ("Q4_K_M", 4),

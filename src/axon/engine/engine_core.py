@@ -13,6 +13,7 @@ import torch
 from axon.cache.block_manager import BlockManager
 from axon.cache.state_slots import StateSlotManager
 from axon.config import EngineConfig
+from axon.engine.disk_tier import DiskTier
 from axon.engine.pooler import Pooler
 from axon.engine.scheduler import Scheduler
 from axon.loader.pooling import load_pooling_config, resolve_task
@@ -69,6 +70,8 @@ class EngineCore:
             self.state_slots,
             snapshot_interval,
         )
+        # --prefix-cache-dir: the prefix cache's disk tier (None without it)
+        self.disk_tier = DiskTier.open(config, self.runner, self.block_manager, self.state_slots)
         self.max_model_len = plan.max_model_len
         self.eos_token_ids = eos_token_ids_of(config.model, self.runner.text_config)
         self.task = resolve_task(config.task, config.model)
@@ -165,8 +168,11 @@ class EngineCore:
             del self.requests[request_id]
 
     def close(self) -> None:
-        """Stops the other tensor-parallel ranks, if any (the engine is done with the device)."""
+        """Stops the other tensor-parallel ranks, if any (the engine is done with the device), and
+        writes the disk tier's queued blocks."""
         self.runner.close()
+        if self.disk_tier is not None:
+            self.disk_tier.close()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -174,7 +180,11 @@ class EngineCore:
     def step(self) -> list[TokenUpdate]:
         """Schedule, run and sample one step; returns one update per scheduled sequence."""
         self.step_request_ids = set()
+        tier = self.disk_tier
+        if tier is not None:
+            tier.prefetch(self.scheduler.waiting, self.scheduler.num_running)
         out = self.scheduler.schedule()
+        filled = tier.mark(out) if tier is not None else None
         self.step_request_ids = {seq.request_id for seq, _ in out.scheduled}
         if out.is_empty:
             if self.scheduler.num_waiting and not self.scheduler.num_running:
@@ -185,12 +195,14 @@ class EngineCore:
             return []
         batch = self.runner.prepare(out)
         if self.pooler is not None:
-            return self._embed_step(out, batch)
+            return self._embed_step(out, batch, filled)
         logits = self.runner.forward_logits(batch)
         self._keep_prompt_logprobs(batch.prompt)
         sampled, logprobs = self._sample(batch.sampling_seqs, logits)
         self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)
         finished = self.scheduler.update(out, sampled)
+        if tier is not None:
+            tier.save(filled, out)
         self.num_generation_tokens += len(sampled)
         take = self._take_prompt_logprobs
         updates = [
@@ -220,13 +232,15 @@ class EngineCore:
         kept = self._prompt_logprobs.pop(seq.seq_id, {})
         return [None] + [kept.get(position) for position in range(1, seq.num_prompt_tokens)]
 
-    def _embed_step(self, out, batch) -> list[TokenUpdate]:
+    def _embed_step(self, out, batch, filled) -> list[TokenUpdate]:
         """A step of the embed task: prefill only, and each prompt that ends this step finishes
         (its blocks freed) with its pooled vector as the update's `embedding`."""
         self.pooler.prepare(batch, out)
         vectors = self.pooler.collect(out, self.runner.forward_logits(batch))
         self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)
         self.scheduler.update(out, {})
+        if self.disk_tier is not None:
+            self.disk_tier.save(filled, out)
         updates = []
         for seq, _ in out.scheduled:
             updates.append(self._update_of(seq, {}, {}, vectors.get(seq.seq_id)))
@@ -326,4 +340,5 @@ class EngineCore:
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_generation_tokens": self.num_generation_tokens,
             "state_snapshot_restores": self.state_slots.num_restores if self.state_slots else 0,
+            **(self.disk_tier.stats() if self.disk_tier is not None else {}),
         }

@@ -199,3 +199,17 @@ def _indexed_shards(folder: Path) -> list[str]:
         return sorted({str(name) for name in weight_map.values()})
     except (ValueError, KeyError, TypeError, AttributeError):
         return []
+
+
+def check_prefix_cache_dir(spec, config, trusted: bool = False) -> None:
+    """An untrusted load (`POST /models/load`) may not choose where the engine writes and
+    removes prefix cache files: it keeps the server's own `prefix_cache_dir` (none, or the
+    operator's), else a 400 naming the field."""
+    wanted = spec.engine_args().get("prefix_cache_dir")
+    own = config.engine.engine_args().get("prefix_cache_dir")
+    if trusted or wanted is None or wanted == own:
+        return
+    raise BadRequest(
+        "prefix_cache_dir is the operator's to set (--prefix-cache-dir or [engine]), not a load's",
+        param="prefix_cache_dir",
+    )

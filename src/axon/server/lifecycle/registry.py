@@ -20,6 +20,7 @@ from typing import Any
 from axon.server.config import ServerConfig
 from axon.server.errors import AxonHTTPError, BadRequest, ModelNotFound, ModelUnavailable
 from axon.server.lifecycle import discovery
+from axon.server.lifecycle.local_paths import check_prefix_cache_dir
 from axon.server.lifecycle.on_demand import OnDemand
 from axon.server.lifecycle.recovery import Recovery, retrieve_exception
 from axon.server.lifecycle.sources import resolve_model
@@ -176,6 +177,7 @@ class ModelRegistry(Recovery, OnDemand):
         # fails the load before anything is downloaded; a template file is then looked for in
         # the model's folder.
         check_chat_template(spec, self.config, trusted=trusted)
+        check_prefix_cache_dir(spec, self.config, trusted=trusted)
         path = self._resolve(spec, self.config, trusted=trusted)
         return path, read_chat_template(spec, self.config, trusted=trusted, model_path=path)
 

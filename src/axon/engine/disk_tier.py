@@ -1,0 +1,292 @@
+"""The prefix cache's disk tier in the engine loop (`--prefix-cache-dir`): full KV blocks, and a
+hybrid model's state snapshots, saved as they are computed and brought back on a later admission,
+in this process or after a restart. The files are cache/disk_prefix.py's, the bytes
+runner/kv_blocks.py's.
+
+Around each step:
+
+- `prefetch`, before scheduling: for the waiting sequences the step may admit, walk the chain
+  hashes of their prompt's full blocks past what memory holds, read the blocks found on disk into
+  free KV blocks and register them as cached (`BlockManager.adopt`), as if a finished sequence
+  had left them. The scheduler's own prefix match then finds them and counts them as cached
+  tokens: nothing else in the scheduler knows a disk exists. A hybrid model resumes only from a
+  state snapshot, so the walk stops at the last block whose snapshot is in memory or on disk,
+  and that snapshot is read into the snapshot pool. The reads are synchronous (the step needs
+  them); a block costs a file read and a memcpy, far less than its prefill.
+- `mark`, after scheduling: the blocks each scheduled sequence fills this step, with their
+  hashes (a sequence that finishes this step hands its block table back in `update`).
+- `save`, after the step: copy those blocks' bytes (and the snapshots stored this step) out of
+  the cache and queue them for the store's writer thread; a block already on disk is skipped,
+  one the queue has no room for dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from itertools import islice
+
+import torch
+
+from axon.batch import SchedulerOutput
+from axon.cache.block_manager import BlockManager, chain_hash
+from axon.cache.disk_prefix import DiskPrefixStore
+from axon.cache.state_slots import StateSlotManager
+from axon.config import EngineConfig
+from axon.runner.kv_blocks import BlockCopier
+from axon.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+_QUEUE_BYTES = 256 << 20  # the writer's queue holds about this much: a burst of long prompts
+
+
+def model_identity(path: str) -> list:
+    """The model's files as (name, size, mtime): a file replaced or rewritten is another model.
+    A directory: its checkpoint, config and tokenizer files."""
+    path = os.path.realpath(path)
+    if os.path.isfile(path):
+        stat = os.stat(path)
+        return [path, stat.st_size, stat.st_mtime_ns]
+    entries = []
+    if os.path.isdir(path):
+        for entry in sorted(os.scandir(path), key=lambda e: e.name):
+            if entry.is_file() and entry.name.endswith((".safetensors", ".gguf", ".json", ".bin")):
+                stat = entry.stat()
+                entries.append([entry.name, stat.st_size, stat.st_mtime_ns])
+    return [path, entries]
+
+
+def fingerprint(config: EngineConfig, runner, copier: BlockCopier, rank: int = 0) -> bytes:
+    """What a block's bytes depend on besides its tokens: the model's files, the compute and
+    cache dtypes and layout, the block size, the device kind and the parallel layout."""
+    described = {
+        "model": model_identity(config.model),
+        "config": runner.hf_config.to_dict(),
+        "dtype": str(runner.dtype),
+        "activation_precision": runner.config.activation_precision,
+        "kv_cache_dtype": config.kv_cache_dtype,
+        "layout": copier.layout(),
+        "block_size": config.block_size,
+        "device": runner.device.type,
+        "tensor_parallel": [config.tensor_parallel_size, config.nnodes, rank],
+        "images": [config.image_profile, config.max_image_pixels],
+    }
+    text = json.dumps(described, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).digest()
+
+
+@dataclass
+class _Filled:
+    """A block a step fills: where it is and what it is keyed by."""
+
+    block_id: int
+    block_hash: bytes
+    state_slot: int | None  # the sequence's (hybrid models)
+    index: int  # the block's index in its sequence
+
+
+class DiskTier:
+    def __init__(self, store: DiskPrefixStore, copier: BlockCopier, block_manager: BlockManager,
+                 state_slots: StateSlotManager | None, max_num_seqs: int):  # fmt: skip
+        self.store = store
+        self.copier = copier
+        self.block_manager = block_manager
+        # Hybrid models: resume only from snapshots, which only exist with a snapshot pool.
+        self.state_slots = state_slots if copier.has_states else None
+        self.max_num_seqs = max_num_seqs
+        self._looked: set[tuple[int, int]] = set()  # (seq_id, preemptions) prefetched for
+        self.num_loaded_blocks = 0
+        self.num_loaded_snapshots = 0
+
+    @classmethod
+    def open(cls, config: EngineConfig, runner, block_manager, state_slots) -> DiskTier | None:
+        """The tier `config.prefix_cache_dir` asks for, or None (not asked, or not possible
+        here: said once in the log)."""
+        if config.prefix_cache_dir is None:
+            return None
+        why = None
+        if not block_manager.enable_prefix_caching:
+            why = "prefix caching is off"
+        elif config.tensor_parallel_size > 1:
+            why = "tensor parallelism keeps the KV cache in several processes"
+        elif runner.plan.num_state_slots and not runner.plan.num_state_snapshots:
+            why = "this hybrid model has no state snapshot pool"
+        if why is None:
+            try:
+                copier = BlockCopier(runner)
+            except RuntimeError as exc:  # a cache tensor whose rows are not contiguous bytes
+                why = f"the KV cache's layout is not copied by rows ({exc})"
+        if why is not None:
+            logger.warning("--prefix-cache-dir %s unused: %s", config.prefix_cache_dir, why)
+            return None
+        queue_size = max(4, _QUEUE_BYTES // max(1, copier.block_bytes))
+        store = DiskPrefixStore(
+            config.prefix_cache_dir,
+            fingerprint(config, runner, copier),
+            config.prefix_cache_disk_size,
+            queue_size,
+        )
+        return cls(store, copier, block_manager, state_slots, config.max_num_seqs)
+
+    # ---- before scheduling: bring known prefixes in from disk --------------------------------
+
+    def prefetch(self, waiting, num_running: int) -> None:
+        """Load from disk the blocks of the prefixes of the sequences the next step may admit,
+        up to half the free blocks (the rest for their new tokens)."""
+        budget = self.block_manager.num_free_blocks // 2
+        room = max(0, self.max_num_seqs - num_running)
+        for seq in islice(waiting, room):
+            if budget <= 0:
+                break
+            key = (seq.seq_id, seq.num_preemptions)
+            if seq.block_table or key in self._looked:
+                continue
+            if seq.pooling == "mean" or seq.wants_prompt_logprobs:
+                continue  # every prompt row computed: no prefix hits for them
+            budget -= self._prefetch(seq, budget)
+            if budget > 0:  # else it may have more on disk: looked at again next step
+                self._looked.add(key)
+        if len(self._looked) > 4 * self.max_num_seqs:
+            waiting_keys = {(s.seq_id, s.num_preemptions) for s in waiting}
+            self._looked &= waiting_keys
+
+    def _prefetch(self, seq: Sequence, budget: int) -> int:
+        """Bring in `seq`'s prefix blocks that are on disk and not in memory; blocks taken."""
+        chain = self._walk(seq, budget)
+        if self.state_slots is not None:
+            chain = self._to_last_snapshot(chain)
+        on_disk = [(i, h) for i, (h, where) in enumerate(chain) if where == "disk"]
+        data = torch.empty((len(on_disk), self.copier.block_bytes), dtype=torch.uint8)
+        for row, (index, block_hash) in enumerate(on_disk):
+            if not self.store.read_into("kv", block_hash, data[row].numpy()):
+                chain, on_disk, data = chain[:index], on_disk[:row], data[:row]  # broken here
+                break
+        if self.state_slots is not None:
+            chain = self._to_last_snapshot(chain)
+            if not chain or not self._load_snapshot(chain[-1][0]):
+                return 0
+            keep = sum(1 for index, _ in on_disk if index < len(chain))
+            on_disk, data = on_disk[:keep], data[:keep]
+        if not on_disk:
+            return 0
+        block_size = self.block_manager.block_size
+        ids = [
+            self.block_manager.adopt(h, tuple(seq.block_token_ids(i, block_size)))
+            for i, h in on_disk
+        ]
+        self.copier.write_blocks(ids, data)
+        self.num_loaded_blocks += len(ids)
+        return len(ids)
+
+    def _walk(self, seq: Sequence, budget: int) -> list[tuple[bytes, str]]:
+        """(hash, "memory" or "disk") of `seq`'s prefix blocks, up to the first block in
+        neither or the `budget`-th on disk. Blocks found in memory become the most recently
+        used, so the blocks taken for the disk's do not evict them."""
+        bm = self.block_manager
+        block_size = bm.block_size
+        chain: list[tuple[bytes, str]] = []
+        parent = None
+        num_disk = 0
+        for index in range((seq.num_tokens - 1) // block_size):
+            token_ids = tuple(seq.block_token_ids(index, block_size))
+            parent = chain_hash(parent, token_ids, seq.block_extra_key(index, block_size))
+            block_id = bm.hash_to_block.get(parent)
+            if block_id is not None and bm.blocks[block_id].token_ids == token_ids:
+                if block_id in bm.cached_free:
+                    bm.cached_free.move_to_end(block_id)
+                chain.append((parent, "memory"))
+            elif num_disk < budget and self.store.contains("kv", parent):
+                chain.append((parent, "disk"))
+                num_disk += 1
+            else:
+                break
+        return chain
+
+    def _to_last_snapshot(self, chain: list) -> list:
+        """`chain` cut after its last block a state snapshot (in memory or on disk) ends at."""
+        for end in range(len(chain), 0, -1):
+            block_hash = chain[end - 1][0]
+            if self.state_slots.has_snapshot(block_hash) or self.store.contains(
+                "state", block_hash
+            ):
+                return chain[:end]
+        return []
+
+    def _load_snapshot(self, block_hash: bytes) -> bool:
+        """Make the snapshot at `block_hash` one of the pool's (read from disk when memory has
+        none). False when it cannot be had."""
+        slots = self.state_slots
+        if slots.has_snapshot(block_hash):
+            return True
+        index = slots.take_snapshot()
+        if index is None:
+            return False
+        data = torch.empty((1, self.copier.state_bytes), dtype=torch.uint8)
+        if not self.store.read_into("state", block_hash, data[0].numpy()):
+            slots.release_snapshot(index)
+            return False
+        self.copier.write_snapshots([index], data)
+        slots.store_snapshot(block_hash, index)
+        self.num_loaded_snapshots += 1
+        return True
+
+    # ---- around the step: save what it computes ----------------------------------------------
+
+    def mark(self, out: SchedulerOutput) -> list[_Filled]:
+        """The blocks the scheduled sequences fill this step, taken now: a sequence that
+        finishes gives its block table (and state slot) back in the scheduler's update."""
+        block_size = self.block_manager.block_size
+        filled = []
+        for seq, num_new in out.scheduled:
+            first = seq.num_computed_tokens // block_size
+            last = (seq.num_computed_tokens + num_new) // block_size
+            parent = seq.block_hashes[first - 1] if first else None
+            for index in range(first, last):
+                token_ids = tuple(seq.block_token_ids(index, block_size))
+                parent = chain_hash(parent, token_ids, seq.block_extra_key(index, block_size))
+                filled.append(_Filled(seq.block_table[index], parent, seq.state_slot, index))
+        return filled
+
+    def save(self, filled: list[_Filled], out: SchedulerOutput) -> None:
+        """After the step: queue the filled blocks and the snapshots stored, not yet on disk."""
+        blocks = [f for f in filled if not self.store.contains("kv", f.block_hash)]
+        if blocks and self.store.accepting:
+            data = self.copier.read_blocks([f.block_id for f in blocks])
+            for row, f in enumerate(blocks):
+                self.store.put("kv", f.block_hash, data[row].numpy())
+        if self.state_slots is not None and out.state_saves:
+            self._save_snapshots(filled, out)
+
+    def _save_snapshots(self, filled: list[_Filled], out: SchedulerOutput) -> None:
+        """Queue the snapshots this step stored: the state at the end of a filled block."""
+        ends = {(f.state_slot, f.index): f.block_hash for f in filled}
+        block_size = self.block_manager.block_size
+        for slot, computed, index in out.state_saves:
+            block_hash = ends.get((slot, computed // block_size - 1))
+            if block_hash is None or self.state_slots.snapshots.get(block_hash) != index:
+                continue  # not kept: the pool held that state already
+            if self.store.contains("state", block_hash) or not self.store.accepting:
+                continue
+            data = self.copier.read_snapshots([index])
+            self.store.put("state", block_hash, data[0].numpy())
+
+    # ---- the engine's other commands ----------------------------------------------------------
+
+    def flush(self) -> None:
+        """Wait until every queued file is written (tests; a shutdown closes instead)."""
+        self.store.flush()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def stats(self) -> dict:
+        block_size = self.block_manager.block_size
+        return {
+            "prefix_disk_hits": self.num_loaded_blocks * block_size,  # tokens
+            "prefix_disk_snapshots_loaded": self.num_loaded_snapshots,
+            **self.store.stats(),
+        }
