@@ -187,17 +187,11 @@ def test_a_full_disk_turns_writing_off_with_one_warning(qwen3, tmp_path, monkeyp
     assert llm.get_stats()["prefix_disk_blocks_written"] == 0
 
 
-@pytest.mark.parametrize("how", ["read-only", "not-a-directory"])
-def test_an_unwritable_directory_degrades_with_a_warning(qwen3, tmp_path, how, caplog):
-    if how == "read-only":
-        if os.geteuid() == 0:
-            pytest.skip("root writes to a read-only directory")
-        directory = tmp_path / "ro"
-        directory.mkdir()
-        directory.chmod(0o500)
-    else:
-        (tmp_path / "file").write_text("")
-        directory = tmp_path / "file" / "cache"
+def test_an_unwritable_directory_degrades_with_a_warning(qwen3, tmp_path, caplog):
+    # A path under a plain file cannot be created by anyone, root included (a read-only mode
+    # would not stop root, whom CI runs as).
+    (tmp_path / "file").write_text("")
+    directory = tmp_path / "file" / "cache"
     prompt = random_prompt(PROMPT_LENGTH, 12)
     cold = _generate(LLM(**_kwargs(qwen3, enable_prefix_caching=False)), [prompt])
     with caplog.at_level(logging.WARNING, logger="axon.cache.disk_prefix"):
