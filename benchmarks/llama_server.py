@@ -75,16 +75,17 @@ def sdist_version(sdist: Path) -> str:
     return sdist.name.removeprefix("llama_cpp_python-").removesuffix(".tar.gz")
 
 
-def extract_sources(sdist: Path, target: Path) -> Path:
-    """`vendor/llama.cpp` of the sdist, extracted once into `target`."""
+def extract_sources(sdist: Path, target: Path, vendor: str = VENDOR) -> Path:
+    """`vendor` (the sdist's vendored tree, default `vendor/llama.cpp/`) extracted once into
+    `target`."""
     done = target / ".extracted"
     if done.exists():
         return target
     with tarfile.open(sdist) as archive:
         members = []
         for member in archive.getmembers():
-            if VENDOR in member.name:
-                member.name = member.name.split(VENDOR, 1)[1]
+            if vendor in member.name:
+                member.name = member.name.split(vendor, 1)[1]
                 if member.name:
                     members.append(member)
         archive.extractall(target, members=members, filter="data")
