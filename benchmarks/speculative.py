@@ -122,9 +122,7 @@ def start(variant: Variant, model: Path, binary: Path, args: argparse.Namespace)
 
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
-    )
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.axon_src), env.get("PYTHONPATH")]))
     log = args.log_dir / f"{model.stem}-{variant.name.replace(' ', '-')}.log"
     if variant.engine == "axon":
         command = axon_command(model, port, args) + list(variant.flags)
@@ -271,6 +269,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--axon-log-level", default="info")
     parser.add_argument(
         "--activation-precision", choices=("auto", "float32", "int8"), default="auto"
+    )
+    parser.add_argument(
+        "--axon-src",
+        type=Path,
+        default=BENCH.parent / "src",
+        help="the axon source tree the axon servers run (default: this checkout's)",
     )
     parser.add_argument("--log-dir", type=Path, default=CACHE / "speculative-logs")
     parser.add_argument("--json", type=Path, help="write every run's figures here too")
