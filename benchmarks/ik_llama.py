@@ -9,10 +9,11 @@ benchmarks/llamacpp_worker.py loads in-process. No AMX build variant: ik_llama.c
 kernels, so `-march=native` emits no tile instruction.
 
 It runs with `-rtr` (run-time repack: weights repacked at load into its row-interleaved
-layouts, its fast CPU path) and `-no-fa`: its flash-attention kernel asserted at 16 slots on the
-demo file (2026-12). Flash attention off everywhere, its IQK flash-attention kernels are left
-out of the build (`GGML_IQK_FLASH_ATTENTION=OFF`): their template instances were most of its
-compile time, over an hour on 2 shared cores.
+layouts, its fast CPU path) and, with more than one slot, `-no-fa`: its flash-attention kernel
+asserted at 16 slots on the demo file (2026-12). Its flash-attention kernels are built for F16
+and Q8_0 caches only (`GGML_IQK_FA_ALL_QUANTS=OFF`; the cache here is F16): the instances for
+every quant type were most of its compile time on 2 shared cores. (`GGML_IQK_FLASH_ATTENTION=OFF`
+does not link in this version: ggml still calls the kernels.)
 
     python benchmarks/ik_llama.py       # build (or find) it and print the server's path
 """
@@ -32,7 +33,7 @@ CMAKE_FLAGS = [
     "-DGGML_NATIVE=ON",
     "-DBUILD_SHARED_LIBS=ON",
     "-DGGML_CCACHE=OFF",
-    "-DGGML_IQK_FLASH_ATTENTION=OFF",  # never run: see the module's docstring
+    "-DGGML_IQK_FA_ALL_QUANTS=OFF",  # see the module's docstring
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=ON",  # the server is one of its examples; only its target is built
@@ -131,15 +132,16 @@ def server_command(
     binary: Path, model: Path, port: int, ctx_per_slot: int, slots: int, threads: int
 ) -> list[str]:
     """ik_llama.cpp's server on `model` with `slots` slots of `ctx_per_slot` tokens each (its
-    `-c` is split evenly across `-np` slots), run-time repack on, flash attention off (see the
-    module's docstring)."""
-    return [
+    `-c` is split evenly across `-np` slots), run-time repack on, flash attention off at more
+    than one slot (see the module's docstring)."""
+    command = [
         str(binary),
         *("-m", str(model), "--host", "127.0.0.1", "--port", str(port)),
         *("-c", str(ctx_per_slot * slots), "-np", str(slots)),
         *("-t", str(threads), "-tb", str(threads)),
-        *("-rtr", "-no-fa", "--alias", NAME),
+        *("-rtr", "--alias", NAME),
     ]
+    return command + (["-no-fa"] if slots > 1 else [])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 With `"engine": "ik_llama.cpp"` in the job it drives ik_llama.cpp instead, through the ctypes
 bindings of the ik-llama-cpp-python sdist (`ik_llama_cpp`, on PYTHONPATH, loading the library
 IK_LLAMA_CPP_LIB_PATH names): the same calls, its run-time repack on (`-rtr`), flash attention
-off as its server runs (benchmarks/ik_llama.py), and its older KV clear.
+off with several sequences as its server runs (benchmarks/ik_llama.py), and its older KV clear.
 
 Everything goes through llama.cpp's batched C API (llama_batch with one sequence id per stream),
 the way its `batched` example and its server's parallel slots drive it; sampling is greedy
@@ -49,7 +49,7 @@ def load(path: str, threads: int, n_ctx: int, n_seq: int):
     params = ll.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, MAX_BATCH, MAX_BATCH
     params.n_seq_max, params.n_threads, params.n_threads_batch = n_seq, threads, threads
-    if IK:
+    if IK and n_seq > 1:
         params.flash_attn = False
     ctx = ll.llama_init_from_model(model, params)
     n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))

@@ -89,12 +89,13 @@ def test_a_second_peer_gets_its_own_columns_and_ratios(bench):
     assert "| ITL p50 ms | 1 | 8.0 | 10.0 | 16.0 | 0.80x | 0.50x |" in table
 
 
-def test_ik_llama_server_repacks_and_leaves_flash_attention_off(bench):
+def test_ik_llama_server_repacks_and_leaves_flash_attention_off_with_slots(bench):
     import ik_llama
 
     command = ik_llama.server_command(Path("/b/llama-server"), Path("m.gguf"), 9, 512, 16, 2)
     assert command[command.index("-c") + 1] == "8192" and "-rtr" in command
     assert "-no-fa" in command
+    assert "-no-fa" not in ik_llama.server_command(Path("/b/s"), Path("m.gguf"), 9, 512, 1, 2)
 
 
 def test_ik_build_info_is_written_from_its_template(bench, tmp_path):
