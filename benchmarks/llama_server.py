@@ -120,6 +120,37 @@ def build_llama_server(jobs: int = 2) -> Path:
     return binary
 
 
+def quantize_draft(model: Path, ftype: str, jobs: int = 2) -> Path:
+    """`model` requantized to `ftype` (e.g. Q2_K) by llama.cpp's `llama-quantize`, built once
+    in llama-server's build tree: a lower-bit copy of a model to draft for it, cached as
+    ~/.cache/axon-bench/<stem>-<ftype>.gguf. Tensors whose shape the type cannot hold get
+    llama-quantize's own fallback type."""
+    target = CACHE / f"{model.stem}-{ftype}.gguf"
+    if target.exists():
+        return target
+    build_llama_server(jobs)
+    flags, suffix = cmake_flags()
+    build = CACHE / f"llama-server-src-{sdist_version(find_sdist())}" / f"build{suffix}"
+    tool = build / "bin" / "llama-quantize"
+    if not tool.exists():
+        compile_ = [
+            "nice",
+            "-n",
+            "10",
+            "cmake",
+            "--build",
+            str(build),
+            "--target",
+            "llama-quantize",
+        ]
+        subprocess.run([*compile_, "-j", str(jobs)], check=True, capture_output=True)
+    tmp = target.with_suffix(".tmp")
+    command = [str(tool), "--allow-requantize", str(model), str(tmp), ftype]
+    subprocess.run(command, check=True, capture_output=True)
+    os.replace(tmp, target)
+    return target
+
+
 def server_command(
     binary: Path, model: Path, port: int, ctx_per_slot: int, slots: int, threads: int
 ) -> list[str]:

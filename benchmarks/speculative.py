@@ -22,6 +22,7 @@ Variants (rows), each skipped with the reason when it cannot run:
 
     PYTHONPATH=src python benchmarks/speculative.py --quick          # smoke: c1, few tokens
     PYTHONPATH=src python benchmarks/speculative.py --json spec.json # the full table
+    PYTHONPATH=src python benchmarks/speculative.py --draft-quant Q2_K  # + draft-model rows
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Variant:
     speculative: bool = False
 
 
-def axon_variants(args: argparse.Namespace) -> list[Variant]:
+def axon_variants(args: argparse.Namespace, draft: Path | None) -> list[Variant]:
     ngram = {
         "method": "ngram",
         "num_speculative_tokens": args.k,
@@ -63,10 +64,9 @@ def axon_variants(args: argparse.Namespace) -> list[Variant]:
     }
     rows = [Variant("axon", "axon")]
     rows.append(Variant("axon ngram", "axon", spec_flag(ngram), True))
-    if args.draft_model:
-        draft = {"method": "draft_model", "model": str(args.draft_model)}
-        draft["num_speculative_tokens"] = args.k
-        rows.append(Variant("axon draft", "axon", spec_flag(draft), True))
+    if draft is not None:
+        config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.k}
+        rows.append(Variant("axon draft", "axon", spec_flag(config), True))
     return rows
 
 
@@ -74,19 +74,21 @@ def spec_flag(config: dict) -> tuple[str, ...]:
     return ("--speculative-config", json.dumps(config))
 
 
-def llama_variants(args: argparse.Namespace, model: Path) -> tuple[list[Variant], list[str]]:
+def llama_variants(
+    args: argparse.Namespace, model: Path, draft: Path | None
+) -> tuple[list[Variant], list[str]]:
     """(llama-server's rows, notes on rows left out)."""
     rows, notes = [Variant("llama-server", "llama-server")], []
     for spec_type in args.llama_spec_types:
         rows.append(
             Variant(f"llama-server {spec_type}", "llama-server", ("--spec-type", spec_type), True)
         )
-    if args.draft_model:
-        why = vocabulary_mismatch(model, args.draft_model)
+    if draft is not None:
+        why = vocabulary_mismatch(model, draft)
         if why:
             notes.append(f"llama-server draft-simple left out: {why}")
         else:
-            flags = ("--spec-type", "draft-simple", "-md", str(args.draft_model))
+            flags = ("--spec-type", "draft-simple", "-md", str(draft))
             flags += ("--spec-draft-n-max", str(args.k))
             rows.append(Variant("llama-server draft-simple", "llama-server", flags, True))
     return rows, notes
@@ -200,8 +202,15 @@ def progress_line(name: str, workload: str, level: int, m: dict) -> str:
 def compare(model: Path, binary: Path, args: argparse.Namespace) -> dict:
     """Every variant on `model`, best of --repeats: {"best": {variant: {workload: {level:
     metrics}}}, "runs": every run's, "notes": rows left out and why}."""
-    llama_rows, notes = llama_variants(args, model)
-    variants = [v for v in axon_variants(args) + llama_rows if v.name in args.only or not args.only]
+    draft = args.draft_model
+    if args.draft_quant:
+        from llama_server import quantize_draft
+
+        draft = quantize_draft(model, args.draft_quant)
+    llama_rows, notes = llama_variants(args, model, draft)
+    variants = [
+        v for v in axon_variants(args, draft) + llama_rows if v.name in args.only or not args.only
+    ]
     runs: dict = {v.name: [] for v in variants}
     for repeat in range(args.repeats):
         for variant in variants:
@@ -246,6 +255,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--model", action="append", type=Path, help="GGUF file(s) (default: the chat demo)"
     )
     parser.add_argument("--draft-model", type=Path, help="a GGUF draft (axon draft, draft-simple)")
+    parser.add_argument(
+        "--draft-quant",
+        metavar="TYPE",
+        help="draft with the model requantized to TYPE (e.g. Q2_K) by llama-quantize",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="smoke: 1 stream, 24 tokens, one repeat"
     )

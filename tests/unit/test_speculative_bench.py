@@ -62,7 +62,7 @@ def test_prompts_are_distinct_per_workload_and_seeded(modules):
 def test_variants_flags(modules):
     speculative = modules["speculative"]
     args = speculative.parse_args(["--k", "5", "--llama-spec-types", "ngram-mod"])
-    axon = {v.name: v for v in speculative.axon_variants(args)}
+    axon = {v.name: v for v in speculative.axon_variants(args, None)}
     assert axon["axon"].flags == () and not axon["axon"].speculative
     flag, value = axon["axon ngram"].flags
     assert flag == "--speculative-config"
@@ -72,9 +72,12 @@ def test_variants_flags(modules):
         "prompt_lookup_min": 2,
         "prompt_lookup_max": 4,
     }
-    llama, notes = speculative.llama_variants(args, Path("m.gguf"))
+    llama, notes = speculative.llama_variants(args, Path("m.gguf"), None)
     assert [v.name for v in llama] == ["llama-server", "llama-server ngram-mod"] and not notes
     assert llama[1].flags == ("--spec-type", "ngram-mod")
+    with_draft = {v.name: v for v in speculative.axon_variants(args, Path("d.gguf"))}
+    config = json.loads(with_draft["axon draft"].flags[1])
+    assert config == {"method": "draft_model", "model": "d.gguf", "num_speculative_tokens": 5}
 
 
 def test_table_figures_and_ratios(modules):
