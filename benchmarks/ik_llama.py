@@ -140,6 +140,7 @@ def server_command(
         *("-c", str(ctx_per_slot * slots), "-np", str(slots)),
         *("-t", str(threads), "-tb", str(threads)),
         *("-rtr", "--alias", NAME),
+        "--log-disable",  # its trace log, else written to ./llama.log
     ]
     return command + (["-no-fa"] if slots > 1 else [])
 

@@ -94,6 +94,7 @@ def test_ik_llama_server_repacks_and_leaves_flash_attention_off_with_slots(bench
 
     command = ik_llama.server_command(Path("/b/llama-server"), Path("m.gguf"), 9, 512, 16, 2)
     assert command[command.index("-c") + 1] == "8192" and "-rtr" in command
+    assert "--log-disable" in command  # no llama.log in the working directory
     assert "-no-fa" in command
     assert "-no-fa" not in ik_llama.server_command(Path("/b/s"), Path("m.gguf"), 9, 512, 1, 2)
 
