@@ -9,7 +9,10 @@ embedding, of which it gathers one row per token) times decode tok/s.
 
 llama.cpp is llama-cpp-python's batched C API (benchmarks/llamacpp_worker.py), built from the
 sdist into --llamacpp-venv (default ~/.cache/axon-bench/llamacpp-venv) when missing: about 11
-minutes on 2 cores, logged to <venv>.log.
+minutes on 2 cores, logged to <venv>.log. ik_llama.cpp, the second peer (--peers), runs the same
+worker on its own libllama.so and the ik-llama-cpp-python sdist's ctypes bindings, with its
+run-time repack (benchmarks/ik_llama.py builds it with its server). Each peer has its columns
+and a ratio row per axon variant.
 
     PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py                # the demo model
     PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py --qwen3        # + Qwen3-shaped Q8_0, Q4_K
@@ -42,9 +45,11 @@ import sys
 import time
 from pathlib import Path
 
+from inprocess_table import table
+
 BENCH = Path(__file__).resolve().parent
 CACHE = Path.home() / ".cache" / "axon-bench"
-TARGET_DECODE, TARGET_16_STREAMS = 1.0, 2.0
+PEER_NAMES = ("llama.cpp", "ik_llama.cpp")
 
 
 # ---- llama.cpp ------------------------------------------------------------------------------
@@ -181,7 +186,10 @@ def run_worker(command: list[str], job: dict, extra_env: dict[str, str]) -> dict
     count = {} if every_core else {"OMP_NUM_THREADS": str(job["threads"])}
     env = {**os.environ, **count, **extra_env}
     env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
+        filter(
+            None,
+            [str(BENCH.parent / "src"), extra_env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")],
+        )
     )
     done = subprocess.run(command, input=json.dumps(job), env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -199,13 +207,30 @@ def best(results: list[dict]) -> dict:
     return out
 
 
-def compare(model: Path, llama_python: Path, args: argparse.Namespace) -> dict:
+def peer_engines(llama_python: Path | None, job: dict, peers: list[str]) -> dict:
+    """{name: (command, extra environment, job)} of each peer's worker."""
+    worker = str(BENCH / "llamacpp_worker.py")
+    engines = {}
+    if "llama.cpp" in peers:
+        engines["llama.cpp"] = ([str(llama_python), worker], {}, job)
+    if "ik_llama.cpp" in peers:
+        import ik_llama
+
+        ik_llama.build_ik_llama()
+        env = {
+            "IK_LLAMA_CPP_LIB_PATH": str(ik_llama.library_path()),
+            "PYTHONPATH": str(ik_llama.python_package()),
+        }
+        engines["ik_llama.cpp"] = ([sys.executable, worker], env, {**job, "engine": "ik_llama.cpp"})
+    return engines
+
+
+def compare(model: Path, llama_python: Path | None, args: argparse.Namespace) -> dict:
     from gguf import GGUFReader
 
     vocab = len(GGUFReader(str(model)).fields["tokenizer.ggml.tokens"].data)
     job = make_job(model, args, vocab)
     axon_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
-    llama_cmd = [str(llama_python), str(BENCH / "llamacpp_worker.py")]
     engines = {}  # name: (command, extra environment, job)
     for precision in args.activation_precision:  # one axon per precision, alternated
         name = "axon" if precision == "float32" else f"axon {precision}"
@@ -214,7 +239,7 @@ def compare(model: Path, llama_python: Path, args: argparse.Namespace) -> dict:
     for variant in args.axon_env:  # each --axon-env is one more axon, alternated with the rest
         extra = dict(i.split("=", 1) for i in variant.split(","))
         engines[f"axon {variant}"] = (axon_cmd, extra, first)
-    engines["llama.cpp"] = (llama_cmd, {}, job)
+    engines.update(peer_engines(llama_python, job, args.peers))
     runs: dict[str, list[dict]] = {name: [] for name in engines}
     for repeat in range(args.repeats):
         for name, (command, extra_env, engine_job) in engines.items():
@@ -264,50 +289,6 @@ def busy_core(cpu: int | None):
         load.wait()
 
 
-def table(results: list[dict], threads: int) -> str:
-    streams = sorted({int(n) for r in results for n in r["axon"]["streams_tok_s"]})
-    lines = [
-        "| model | engine | RSS after load (MiB) | prefill tok/s | batch-1 decode tok/s (GB/s) | "
-        + "".join(f"{n} streams tok/s | " for n in streams)
-        + f" ({threads} threads)",
-        "| --- " * (5 + len(streams)) + "|",
-    ]
-    for r in results:
-        for name in engine_names(r):
-            m = r[name]
-            gbs = m["decode_tok_s"] * r["read_bytes"] / 1e9
-            s = m["streams_tok_s"]
-            lines.append(
-                f"| {r['model']} | {name} | {m['rss_bytes'] / 2**20:.0f} | "
-                f"{m['prefill_tok_s']:.0f} | {m['decode_tok_s']:.1f} ({gbs:.1f}) | "
-                + "".join(f"{s.get(str(n), 0):.1f} | " for n in streams)
-            )
-        for name in engine_names(r)[:-1]:
-            lines.append(ratio_row(r, name, streams))
-    return "\n".join(lines)
-
-
-def engine_names(result: dict) -> list[str]:
-    """axon, its --axon-env variants, then llama.cpp."""
-    return [k for k in result if k.startswith("axon")] + ["llama.cpp"]
-
-
-def ratio_row(r: dict, name: str, streams: list[int]) -> str:
-    a, b = r[name], r["llama.cpp"]
-    ratios = []
-    for n in streams:
-        ratio = a["streams_tok_s"][str(n)] / b["streams_tok_s"][str(n)]
-        ratios.append(
-            f"**{ratio:.2f}** (target {TARGET_16_STREAMS}) | " if n == 16 else f"{ratio:.2f} | "
-        )
-    return (
-        f"| {r['model']} | **{name} / llama.cpp** | {a['rss_bytes'] / b['rss_bytes']:.2f} | "
-        f"{a['prefill_tok_s'] / b['prefill_tok_s']:.2f} | "
-        f"**{a['decode_tok_s'] / b['decode_tok_s']:.2f}** (target {TARGET_DECODE}) | "
-        + "".join(ratios)
-    )
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", help="GGUF file(s) (default: the demo)")
@@ -355,12 +336,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=["float32"],
         help="axon's activation precision(s): one axon per value, in the same run",
     )
+    parser.add_argument(
+        "--peers",
+        nargs="+",
+        choices=PEER_NAMES,
+        default=list(PEER_NAMES),
+        help="the engines axon is compared with (ik_llama.cpp: built on first use)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here too")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def models(args: argparse.Namespace, llama_python: Path) -> list[Path]:
+def models(args: argparse.Namespace, llama_python: Path | None) -> list[Path]:
     if args.model:
         paths = [Path(m) for m in args.model]
     else:
@@ -370,6 +358,8 @@ def models(args: argparse.Namespace, llama_python: Path) -> list[Path]:
     if args.qwen3:
         from qwen3_gguf import write_qwen3_f16
 
+        if llama_python is None:  # its quantizer makes the Q8_0 / Q4_K_M files
+            llama_python = ensure_llamacpp(args.llamacpp_venv)
         f16 = write_qwen3_f16(CACHE / "qwen3-1024x8-f16.gguf")
         for ftype in ("Q8_0", "Q4_K_M"):
             paths.append(quantize(llama_python, f16, CACHE / f"qwen3-1024x8-{ftype}.gguf", ftype))
@@ -388,10 +378,10 @@ def main(argv=None) -> int:
         print(json.dumps(axon_worker(json.load(sys.stdin))))
         return 0
     sys.path.insert(0, str(BENCH))
-    llama_python = ensure_llamacpp(args.llamacpp_venv)
+    llama_python = ensure_llamacpp(args.llamacpp_venv) if "llama.cpp" in args.peers else None
     with busy_core(args.busy_core):
         results = [compare(model, llama_python, args) for model in models(args, llama_python)]
-    print(table(results, args.threads))
+    print(table(results, args.threads, args.peers))
     if args.json:
         args.json.write_text(json.dumps({"threads": args.threads, "results": results}, indent=1))
     return 0

@@ -75,16 +75,17 @@ def sdist_version(sdist: Path) -> str:
     return sdist.name.removeprefix("llama_cpp_python-").removesuffix(".tar.gz")
 
 
-def extract_sources(sdist: Path, target: Path) -> Path:
-    """`vendor/llama.cpp` of the sdist, extracted once into `target`."""
+def extract_sources(sdist: Path, target: Path, vendor: str = VENDOR) -> Path:
+    """`vendor` (the sdist's vendored tree, default `vendor/llama.cpp/`) extracted once into
+    `target`."""
     done = target / ".extracted"
     if done.exists():
         return target
     with tarfile.open(sdist) as archive:
         members = []
         for member in archive.getmembers():
-            if VENDOR in member.name:
-                member.name = member.name.split(VENDOR, 1)[1]
+            if vendor in member.name:
+                member.name = member.name.split(vendor, 1)[1]
                 if member.name:
                     members.append(member)
         archive.extractall(target, members=members, filter="data")
@@ -117,6 +118,37 @@ def build_llama_server(jobs: int = 2) -> Path:
     shutil.copy2(build / "bin" / "llama-server", binary.with_suffix(".tmp"))
     os.replace(binary.with_suffix(".tmp"), binary)
     return binary
+
+
+def quantize_draft(model: Path, ftype: str, jobs: int = 2) -> Path:
+    """`model` requantized to `ftype` (e.g. Q2_K) by llama.cpp's `llama-quantize`, built once
+    in llama-server's build tree: a lower-bit copy of a model to draft for it, cached as
+    ~/.cache/axon-bench/<stem>-<ftype>.gguf. Tensors whose shape the type cannot hold get
+    llama-quantize's own fallback type."""
+    target = CACHE / f"{model.stem}-{ftype}.gguf"
+    if target.exists():
+        return target
+    build_llama_server(jobs)
+    flags, suffix = cmake_flags()
+    build = CACHE / f"llama-server-src-{sdist_version(find_sdist())}" / f"build{suffix}"
+    tool = build / "bin" / "llama-quantize"
+    if not tool.exists():
+        compile_ = [
+            "nice",
+            "-n",
+            "10",
+            "cmake",
+            "--build",
+            str(build),
+            "--target",
+            "llama-quantize",
+        ]
+        subprocess.run([*compile_, "-j", str(jobs)], check=True, capture_output=True)
+    tmp = target.with_suffix(".tmp")
+    command = [str(tool), "--allow-requantize", str(model), str(tmp), ftype]
+    subprocess.run(command, check=True, capture_output=True)
+    os.replace(tmp, target)
+    return target
 
 
 def server_command(

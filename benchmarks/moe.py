@@ -32,8 +32,9 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from gguf_vs_llamacpp import CACHE, compare, engine_names, ensure_llamacpp, quantize  # noqa: E402
+from gguf_vs_llamacpp import CACHE, compare, ensure_llamacpp, quantize  # noqa: E402
 from gguf_vs_llamacpp import parse_args as comparison_args  # noqa: E402
+from inprocess_table import axon_names  # noqa: E402
 
 SHAPE = dict(
     hidden=1024, layers=12, heads=16, kv_heads=4, head_dim=64, experts=32, top_k=4,
@@ -145,7 +146,7 @@ def table(results: list[dict], threads: int) -> str:
     for r in results:
         size = f"{r['file_bytes'] / 2**20:.0f} ({r['read_bytes'] / 2**20:.0f})"
         streams = max(r["llama.cpp"]["streams_tok_s"], key=int)  # "16" ("1": --decode-only)
-        for name in engine_names(r):
+        for name in [*axon_names(r), "llama.cpp"]:
             m = r[name]
             gbs = m["decode_tok_s"] * r["read_bytes"] / 1e9
             lines.append(
@@ -153,7 +154,7 @@ def table(results: list[dict], threads: int) -> str:
                 f"{m['streams_tok_s'][streams]:.1f} |"
             )
         b = r["llama.cpp"]
-        for name in engine_names(r)[:-1]:  # each axon against llama.cpp
+        for name in axon_names(r):  # each axon against llama.cpp
             a = r[name]
             decode = a["decode_tok_s"] / b["decode_tok_s"]
             ratio = a["streams_tok_s"][streams] / b["streams_tok_s"][streams]
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
         ["--threads", str(args.threads), "--repeats", str(args.repeats), "--streams", "16"]
         + ["--decode-tokens", str(args.decode_tokens), "--prefill-len", "64"]
         + ["--stream-tokens", str(args.stream_tokens)]
-        + ["--activation-precision", *args.activation_precision]
+        + ["--activation-precision", *args.activation_precision, "--peers", "llama.cpp"]
     )
     if args.decode_only:  # as gguf_vs_llamacpp's --decode-only: the other columns kept cheap
         job_args.prefill_len, job_args.streams = 8, [1]

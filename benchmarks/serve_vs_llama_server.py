@@ -1,5 +1,6 @@
-"""`axon serve` against the real `llama-server` on the same GGUF file: what a user of the HTTP
-server feels (TTFT, ITL, TPOT, E2E, throughput) under 1, 4 and 16 concurrent clients.
+"""`axon serve` against the real `llama-server`, and ik_llama.cpp's server, on the same GGUF file:
+what a user of the HTTP server feels (TTFT, ITL, TPOT, E2E, throughput) under 1, 4 and 16
+concurrent clients.
 
 Both servers run on the same file with 16 parallel slots of --ctx-per-slot tokens each and
 --threads threads: llama-server `-c 16*ctx -np 16 -t T -tb T` (its `-c` is split evenly across
@@ -7,6 +8,9 @@ the slots), axon `--max-num-seqs 16 --max-model-len ctx` with a KV budget big en
 axon's cap of max_num_seqs x max_model_len tokens (16 x ctx) is what binds, i.e. the same
 number of KV tokens, and OMP_NUM_THREADS=T. llama-server is built from the sources vendored in
 the llama-cpp-python sdist on first use (benchmarks/llama_server.py; 10+ minutes on 2 cores).
+ik_llama.cpp's server (--peers; benchmarks/ik_llama.py, built from the ik-llama-cpp-python sdist)
+runs the same way with `-rtr` (run-time repack) and `-no-fa` (its flash-attention kernel
+asserted at 16 slots).
 
 Both are driven by `axon bench serve`'s client and metrics (axon.bench.client, .metrics):
 streamed /v1/completions with token-id prompts, `ignore_eos`, temperature 0, so every request
@@ -38,7 +42,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from llama_server import CACHE, build_llama_server, server_command, wait_ready  # noqa: E402
+from llama_server import CACHE, wait_ready  # noqa: E402
+from peers import PEERS, build_peers  # noqa: E402
 
 METRICS = (  # (result key, label, higher is better)
     ("output_throughput", "output tok/s", True),
@@ -50,7 +55,7 @@ METRICS = (  # (result key, label, higher is better)
     ("median_tpot_ms", "TPOT p50 ms", False),
     ("median_e2el_ms", "E2E p50 ms", False),
 )
-ENGINES = ("axon", "llama-server")
+PEER_NAMES = tuple(PEERS)
 # random.Random(-n) draws what Random(n) does: the warm-up's seed stays clear of the levels'.
 WARMUP_SEED = 999_999
 
@@ -95,16 +100,23 @@ def random_token_prompts(
     return [[rng.randrange(*vocab) for _ in range(input_len)] for _ in range(count)]
 
 
+def table_row(cells: list) -> str:
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
 def format_table(name: str, results: dict, levels: list[int]) -> str:
-    """A markdown table: one row per (metric, concurrency), axon / llama-server / ratio."""
-    lines = [f"#### {name}", "", "| metric | c | axon | llama-server | axon / llama |"]
-    lines.append("|---|---|---|---|---|")
+    """A markdown table: one row per (metric, concurrency), axon, each peer, axon / each peer."""
+    peers = [engine for engine in results if engine != "axon"]
+    head = ["metric", "c", "axon", *peers, *(f"axon / {p}" for p in peers)]
+    lines = [f"#### {name}", "", table_row(head), "|" + "---|" * len(head)]
     for key, label, _ in METRICS:
         for level in levels:
-            a, b = results["axon"][level].get(key), results["llama-server"][level].get(key)
-            ratio = f"{a / b:.2f}x" if a and b else "-"
-            lines.append(f"| {label} | {level} | {a or 0:.1f} | {b or 0:.1f} | {ratio} |")
-    if 1 in levels and 16 in levels:
+            a = results["axon"][level].get(key)
+            values = [results[p][level].get(key) for p in peers]
+            ratios = [f"{a / b:.2f}x" if a and b else "-" for b in values]
+            cells = [f"{v or 0:.1f}" for v in (a, *values)]
+            lines.append(table_row([label, level, *cells, *ratios]))
+    if 1 in levels and 16 in levels and "llama-server" in results:
         lines += ["", "| target | measured | bound | |", "|---|---|---|---|"]
         for target, value, bound, met in evaluate_targets(results):
             lines.append(f"| {target} | {value:.2f}x | {bound:g}x | {'pass' if met else 'MISS'} |")
@@ -128,8 +140,11 @@ def axon_command(model: Path, port: int, args: argparse.Namespace) -> list[str]:
     return command + ["--log-level", args.axon_log_level]
 
 
-def start_servers(model: Path, binary: Path, args: argparse.Namespace, log_dir: Path) -> dict:
-    """{engine: (ServerProcess, base url)}, both ready; prints their start-up seconds."""
+def start_servers(
+    model: Path, binaries: dict[str, Path], args: argparse.Namespace, log_dir: Path
+) -> dict:
+    """{engine: (ServerProcess, base url)} for axon and each peer in `binaries`, all ready;
+    prints their start-up seconds."""
     from serve import ServerProcess, wait_until_listed
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -137,14 +152,12 @@ def start_servers(model: Path, binary: Path, args: argparse.Namespace, log_dir: 
         filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
     )
     servers = {}
-    ports = {engine: free_port() for engine in ENGINES}
-    llama = server_command(
-        binary, model, ports["llama-server"], args.ctx_per_slot, args.slots, args.threads
-    )
-    for engine, command in (
-        ("axon", axon_command(model, ports["axon"], args)),
-        ("llama-server", llama),
-    ):
+    ports = {engine: free_port() for engine in ("axon", *binaries)}
+    commands = {"axon": axon_command(model, ports["axon"], args)}
+    for peer, binary in binaries.items():
+        shape = (args.ctx_per_slot, args.slots, args.threads)
+        commands[peer] = PEERS[peer].command(binary, model, ports[peer], *shape)
+    for engine, command in commands.items():
         start = time.perf_counter()
         process = ServerProcess(command, env, log_dir / f"{model.stem}-{engine}.log")
         url = f"http://127.0.0.1:{ports[engine]}"
@@ -205,17 +218,18 @@ def requests_at(level: int, rounds: int = 2, minimum: int = 6) -> int:
     return max(minimum, rounds * level)
 
 
-def compare_file(model: Path, binary: Path, args: argparse.Namespace) -> dict:
-    """Both servers on `model`; {engine: {level: best-of metrics}} plus every run's figures."""
+def compare_file(model: Path, binaries: dict[str, Path], args: argparse.Namespace) -> dict:
+    """Every server on `model`; {engine: {level: best-of metrics}} plus every run's figures."""
     print(f"{model.name} (axon --activation-precision {args.activation_precision}):", flush=True)
-    servers = start_servers(model, binary, args, args.log_dir)
+    servers = start_servers(model, binaries, args, args.log_dir)
+    engines = tuple(servers)
     try:
         source = make_prompt_source(servers["axon"][1], model)
         for engine, (_, url) in servers.items():  # unmeasured: first requests, every batch size
             measure(url, engine, source(args.slots, 16, WARMUP_SEED), 8, args.slots)
-        runs = {engine: {level: [] for level in args.concurrency} for engine in ENGINES}
+        runs = {engine: {level: [] for level in args.concurrency} for engine in engines}
         for repeat in range(args.repeats):
-            order = ENGINES if repeat % 2 == 0 else ENGINES[::-1]
+            order = engines if repeat % 2 == 0 else engines[::-1]
             for level in args.concurrency:
                 count = requests_at(level, args.rounds, args.min_requests)
                 prompts = source(count, args.input_len, 1000 * repeat + level)
@@ -270,6 +284,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="requests per slot in use")
     parser.add_argument("--min-requests", type=int, default=6, help="per level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument(
+        "--peers",
+        nargs="+",
+        choices=PEER_NAMES,
+        default=list(PEER_NAMES),
+        help="the peer servers beside axon (llama-server is the one issue 16's targets name)",
+    )
     parser.add_argument("--start-timeout", type=float, default=600.0)
     parser.add_argument("--axon-log-level", default="info")
     parser.add_argument(
@@ -289,11 +310,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    binary = build_llama_server()
+    binaries = build_peers(args.peers)
     files = model_files(args)
     results = []
     for model in files:
-        results.append(compare_file(model, binary, args))
+        results.append(compare_file(model, binaries, args))
         print(format_table(model.name, results[-1]["best"], args.concurrency), flush=True)
         print(f"(uptime load: {' '.join(f'{x:.2f}' for x in os.getloadavg())})", flush=True)
     if args.json:

@@ -101,6 +101,12 @@ class Server:
                 return float(match.group(3))
         return 0.0
 
+    def metric_line(self, name: str, **labels: str) -> float:
+        """As `metric`, but a sample that is not on /metrics fails the test."""
+        text = httpx.get(self.base_url + "/metrics", timeout=10).text
+        assert f"{name}{{" in text, f"{name} is not on /metrics"
+        return self.metric(name, **labels)
+
 
 def _serve_args(model_dir: Path) -> list[str]:
     return [str(model_dir), "--served-model-name", MODEL_ID, *_ENGINE_ARGS]

@@ -52,6 +52,15 @@ def test_chat_completion_shape_and_usage(client):
     assert reply.usage.completion_tokens == 5 and reply.usage.total_tokens == PROMPT_TOKENS + 5
 
 
+def test_without_speculation_usage_has_no_draft_counts_and_metrics_read_zero(client, server):
+    reply = chat(client, max_tokens=4, temperature=0, extra_body=EXACT)
+    assert reply.usage.completion_tokens_details is None
+    text = client.completions.create(model=MODEL_ID, prompt="hello", max_tokens=2).usage
+    assert text.completion_tokens_details is None
+    assert server.metric_line("axon:spec_decode_num_drafts_total") == 0.0
+    assert server.metric_line("axon:spec_decode_num_accepted_tokens_total") == 0.0
+
+
 def test_chat_stream_role_tokens_finish_usage(client):
     options = {"include_usage": True}
     stream = chat(

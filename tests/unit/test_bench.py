@@ -209,3 +209,24 @@ def test_server_tokenizer_speaks_llama_servers_shape_and_cuts_exact_lengths():
     missing = httpx.MockTransport(lambda request: httpx.Response(404))
     with httpx.Client(transport=missing, base_url="http://peer") as client:
         assert ServerTokenizer.probe(client, "m") is None  # then prompts are counted in words
+
+
+def test_draft_counts_from_axons_usage_and_llama_servers_timings():
+    from axon.bench.client import _read_timings, _read_usage
+
+    axon = RequestResult(prompt_len=3)
+    details = {"accepted_prediction_tokens": 7, "rejected_prediction_tokens": 3}
+    assert _read_usage(axon, {"completion_tokens": 12, "completion_tokens_details": details}) == 12
+    assert (axon.draft_tokens, axon.accepted_tokens) == (10, 7)
+    llama = RequestResult(prompt_len=3)
+    _read_timings(llama, {"predicted_n": 12, "draft_n": 8, "draft_n_accepted": 5})
+    assert (llama.draft_tokens, llama.accepted_tokens) == (8, 5)
+    plain = RequestResult(prompt_len=3)
+    _read_usage(plain, {"completion_tokens": 4})
+    _read_timings(plain, {"predicted_n": 4})
+    assert (plain.draft_tokens, plain.accepted_tokens) == (0, 0)
+    for result in (axon, llama, plain):
+        result.record_chunk(0.1)
+        result.success = True
+    m = level_metrics([axon, llama, plain], 1.0)
+    assert (m["total_draft_tokens"], m["total_accepted_tokens"]) == (18, 12)

@@ -74,3 +74,40 @@ def test_llama_server_context_is_split_across_slots(bench):
 def test_requests_per_level(bench):
     assert [bench.requests_at(level) for level in (1, 4, 16)] == [6, 8, 32]
     assert [bench.requests_at(level, 1, 3) for level in (1, 4, 16)] == [3, 4, 16]
+
+
+def test_a_second_peer_gets_its_own_columns_and_ratios(bench):
+    results = {
+        "axon": {1: _level(50.0, 20.0, 25.0, 8.0)},
+        "llama-server": {1: _level(40.0, 25.0, 30.0, 10.0)},
+        "ik_llama.cpp": {1: _level(25.0, 10.0, 30.0, 16.0)},
+    }
+    table = bench.format_table("m.gguf", results, [1])
+    peers = "llama-server | ik_llama.cpp"
+    assert f"| metric | c | axon | {peers} | axon / llama-server | axon / ik_llama.cpp |" in table
+    assert "| output tok/s | 1 | 50.0 | 40.0 | 25.0 | 1.25x | 2.00x |" in table
+    assert "| ITL p50 ms | 1 | 8.0 | 10.0 | 16.0 | 0.80x | 0.50x |" in table
+
+
+def test_ik_llama_server_repacks_and_leaves_flash_attention_off_with_slots(bench):
+    import ik_llama
+
+    command = ik_llama.server_command(Path("/b/llama-server"), Path("m.gguf"), 9, 512, 16, 2)
+    assert command[command.index("-c") + 1] == "8192" and "-rtr" in command
+    assert "--log-disable" in command  # no llama.log in the working directory
+    assert "-no-fa" in command
+    assert "-no-fa" not in ik_llama.server_command(Path("/b/s"), Path("m.gguf"), 9, 512, 1, 2)
+
+
+def test_ik_build_info_is_written_from_its_template(bench, tmp_path):
+    import ik_llama
+
+    (tmp_path / "common").mkdir()
+    template = (
+        'int LLAMA_BUILD_NUMBER = @BUILD_NUMBER@;\\nchar const *LLAMA_COMMIT = "@BUILD_COMMIT@";\\n'
+    )
+    (tmp_path / "common" / "build-info.cpp.in").write_text(template)
+    ik_llama.write_build_info(tmp_path, "0.1.5")
+    written = (tmp_path / "common" / "build-info.cpp").read_text()
+    assert "LLAMA_BUILD_NUMBER = 0;" in written and "ik-llama-cpp-python-0.1.5" in written
+    assert "@" not in written

@@ -3,7 +3,9 @@
 Each request is a streamed `/v1/completions` or `/v1/chat/completions` with `max_tokens`,
 `ignore_eos` (vLLM's and llama-server's extension, so every answer has its full length) and
 `stream_options.include_usage`, so the output token count comes from the server's usage chunk
-(the number of output chunks when the server sends none).
+(the number of output chunks when the server sends none). Speculative decoding's drafted and
+accepted tokens come from axon's usage (`completion_tokens_details`: accepted / rejected
+prediction tokens) or llama-server's last chunk (`timings`: `draft_n`, `draft_n_accepted`).
 
 An output chunk is a completions chunk with `choices` (its text may be empty: a model without
 a tokenizer streams token ids only; vLLM's client counts these too), or a chat chunk whose delta
@@ -85,7 +87,20 @@ def _read_usage(result: RequestResult, usage: dict) -> int | None:
         result.prompt_len = usage["prompt_tokens"]
     details = usage.get("prompt_tokens_details") or {}
     result.cached_tokens = details.get("cached_tokens") or 0
+    drafts = usage.get("completion_tokens_details") or {}
+    if drafts.get("accepted_prediction_tokens") is not None:
+        result.accepted_tokens = drafts["accepted_prediction_tokens"]
+        result.draft_tokens = result.accepted_tokens + (
+            drafts.get("rejected_prediction_tokens") or 0
+        )
     return usage.get("completion_tokens")
+
+
+def _read_timings(result: RequestResult, timings: dict) -> None:
+    """llama-server's per-request speculation counts (present once it drafted)."""
+    if timings.get("draft_n") is not None:
+        result.draft_tokens = timings["draft_n"]
+        result.accepted_tokens = timings.get("draft_n_accepted") or 0
 
 
 async def _read_stream(
@@ -108,6 +123,8 @@ async def _read_stream(
             result.record_chunk(arrived - sent)
         if usage := chunk.get("usage"):
             usage_tokens = _read_usage(result, usage)
+        if timings := chunk.get("timings"):
+            _read_timings(result, timings)
     return usage_tokens
 
 

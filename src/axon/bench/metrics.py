@@ -39,6 +39,9 @@ class RequestResult:
     output_tokens: int = 0
     chunks: int = 0
     cached_tokens: int = 0
+    # speculative decoding, where the server reports it: tokens drafted, and of those accepted
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
     def record_chunk(self, elapsed: float) -> None:
         """Adds an output chunk that arrived `elapsed` s after the send (TTFT, ITL, E2E)."""
@@ -107,6 +110,8 @@ def level_metrics(
         "request_throughput": len(ok) / duration_s,
         "output_throughput": output_tokens / duration_s,
         "total_token_throughput": (input_tokens + output_tokens) / duration_s,
+        "total_draft_tokens": sum(r.draft_tokens for r in ok),
+        "total_accepted_tokens": sum(r.accepted_tokens for r in ok),
     }
     per_metric = {
         "ttft": [r.ttft for r in ok],

@@ -32,6 +32,8 @@ class SampleState:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
+        self.num_draft_tokens = 0  # speculative decoding's running totals (TokenUpdate's)
+        self.num_accepted_tokens = 0
         # vLLM's prompt_logprobs (the first sample's, once its first token came): None for the
         # first prompt token, then token id -> Logprob per position
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None
@@ -46,6 +48,8 @@ class SampleState:
         if self.finished:
             return False
         self.num_cached_tokens = update.num_cached_tokens
+        self.num_draft_tokens = update.num_draft_tokens
+        self.num_accepted_tokens = update.num_accepted_tokens
         if update.prompt_logprobs is not None:
             self.prompt_logprobs = [
                 None if lp is None else self._entry(*lp) for lp in update.prompt_logprobs

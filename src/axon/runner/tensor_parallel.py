@@ -27,8 +27,9 @@ from axon.distributed.parallel_state import (
     tp_all_reduce_min,
 )
 from axon.distributed.workers import RankFailed, TPWorkers, move_tensors
+from axon.kernels import ggml_q8
 from axon.loader import is_gguf, iterate_weights
-from axon.loader.gguf import iterate_gguf_file, tp_split_problem
+from axon.loader.gguf import iterate_gguf_file, open_gguf, tp_split_problem
 from axon.loader.safetensors import iterate_safetensors
 from axon.runner.memory import KVCachePlan
 
@@ -145,6 +146,7 @@ def start_ranks(config: EngineConfig, hf_config, device: torch.device) -> TPWork
         )
     timeout = config.tp_step_timeout_s
     level = logging.getLogger().getEffectiveLevel()
+    config = ranks_config(config)
     args = (config, torch.get_num_threads(), level, timeout)
     local, rendezvous = multinode.ranks_per_node(config), multinode.rendezvous(config)
     workers = TPWorkers.spawn(local, RANK_TARGET, args, timeout, rendezvous)
@@ -166,6 +168,34 @@ def start_ranks(config: EngineConfig, hf_config, device: torch.device) -> TPWork
         workers.close(0.0)
         raise
     return workers
+
+
+def ranks_config(config: EngineConfig) -> EngineConfig:
+    """The engine arguments the other ranks load with: rank 0's, with `auto` activations
+    replaced by rank 0's decision. A rank that resolved `auto` itself could decide otherwise
+    (another node's CPU without the 8-bit SIMD path) and run its shard in another precision,
+    with another KV cache dtype, than rank 0's."""
+    if config.activation_precision != "auto":
+        return config
+    return dataclasses.replace(config, activation_precision=auto_activation_precision(config))
+
+
+def auto_activation_precision(config: EngineConfig) -> str:
+    """What `auto` means for this checkpoint on this process's device and CPU, read from the
+    file before any weight loads: the rule of layers/int8_activations.set_activation_precision
+    (int8 for quantized GGUF weights that an 8-bit kernel multiplies, on the CPU, where the
+    kernels have their SIMD path; float32 otherwise). An untied input embedding does not count:
+    a step gathers its rows, it multiplies nothing."""
+    if not is_gguf(config.model) or config.torch_device().type != "cpu" or not ggml_q8.simd():
+        return "float32"
+    tensors = open_gguf(str(config.model)).tensors
+    untied = any(tensor.name == "output.weight" for tensor in tensors)
+    for tensor in tensors:
+        if untied and tensor.name == "token_embd.weight":
+            continue
+        if len(tensor.shape) >= 2 and ggml_q8.supports([tensor.tensor_type]):
+            return "int8"
+    return "float32"
 
 
 def stop_ranks(workers: TPWorkers | None) -> None:

@@ -206,6 +206,7 @@ class EngineStatsCollector:
             "preemptions": CounterMetricFamily(
                 "axon:num_preemptions", "Sequences preempted.", labels=_LABELS
             ),
+            **_spec_decode_families(),
         }
         keys = {
             "running": "num_running",
@@ -214,10 +215,18 @@ class EngineStatsCollector:
             "queries": "prefix_cache_queries",
             "hits": "prefix_cache_hits",
             "preemptions": "num_preemptions",
+            **_SPEC_DECODE_KEYS,
         }
+        per_position = CounterMetricFamily(
+            "axon:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens, by their position in the draft (0: the first).",
+            labels=[*_LABELS, "position"],
+        )
         for model_id, stats in self.snapshots.items():
             for name, family in families.items():
                 family.add_metric([model_id], float(stats.get(keys[name], 0)))
+            for position, count in enumerate(stats.get("spec_accepted_per_position") or ()):
+                per_position.add_metric([model_id, str(position)], float(count))
         state = GaugeMetricFamily(
             "axon:model_state",
             "The model's state (label `state`: loaded, unresponsive: its engine is silent and "
@@ -226,7 +235,34 @@ class EngineStatsCollector:
         )
         for model_id, model_state in self.states.items():
             state.add_metric([model_id, model_state], 1.0)
-        yield from (*families.values(), state)
+        yield from (*families.values(), per_position, state)
+
+
+# Speculative decoding's counters (vLLM's spec_decode_* names): zero for an engine that does
+# not speculate (its stats have no such keys).
+_SPEC_DECODE_KEYS = {
+    "spec_drafts": "spec_num_drafts",
+    "spec_draft_tokens": "spec_num_draft_tokens",
+    "spec_accepted_tokens": "spec_num_accepted_tokens",
+}
+
+
+def _spec_decode_families() -> dict:
+    return {
+        "spec_drafts": CounterMetricFamily(
+            "axon:spec_decode_num_drafts",
+            "Drafts proposed by speculative decoding (one a sequence a step that drafted).",
+            labels=_LABELS,
+        ),
+        "spec_draft_tokens": CounterMetricFamily(
+            "axon:spec_decode_num_draft_tokens", "Draft tokens proposed.", labels=_LABELS
+        ),
+        "spec_accepted_tokens": CounterMetricFamily(
+            "axon:spec_decode_num_accepted_tokens",
+            "Draft tokens the target model accepted.",
+            labels=_LABELS,
+        ),
+    }
 
 
 ENGINE_STATS = EngineStatsCollector()

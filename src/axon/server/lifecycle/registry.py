@@ -166,9 +166,12 @@ class ModelRegistry(Recovery, OnDemand):
         finally:
             entry.task = None
         entry.model, entry.status = model, "loaded"
+        config = getattr(getattr(model, "client", None), "config", None)
+        speculative = getattr(config, "speculative_config", None)
         logger.info(
-            "model %s loaded from %s (activations %s)",
+            "model %s loaded from %s (activations %s%s)",
             model_id, entry.model_path, getattr(model, "activation_precision", None),
+            f"; {speculative.describe()}" if speculative is not None else "",
         )  # fmt: skip
         return model
 

@@ -20,6 +20,7 @@ from axon.server.schemas.protocol import (
     ChatCompletionRequest,
     SampleCursor,
     chat_logprobs,
+    draft_totals,
     error_event,
     now,
     parse_request,
@@ -66,7 +67,8 @@ class _ChatContext:
     def usage(self, state: RequestState) -> dict:
         generated = sum(len(sample.token_ids) for sample in state.samples)
         cached = state.samples[0].num_cached_tokens
-        return usage(len(state.prompt_token_ids), generated, cached)
+        drafts = draft_totals(state.samples)
+        return usage(len(state.prompt_token_ids), generated, cached, drafts)
 
     def usage_chunk(self, state: RequestState) -> str:
         return sse(self._envelope("chat.completion.chunk", [], usage=self.usage(state)))

@@ -32,6 +32,7 @@ from axon.server.schemas.protocol import (
     CompletionRequest,
     SampleCursor,
     completion_logprobs,
+    draft_totals,
     error_event,
     finish_reason,
     now,
@@ -177,7 +178,8 @@ class _CompletionContext:
         prompt_tokens = sum(len(state.prompt_token_ids) for state in states)
         generated = sum(len(s.token_ids) for state in states for s in state.samples)
         cached = sum(state.samples[0].num_cached_tokens for state in states)
-        return usage(prompt_tokens, 0 if self.body.echo_only else generated, cached)
+        drafts = draft_totals([sample for state in states for sample in state.samples])
+        return usage(prompt_tokens, 0 if self.body.echo_only else generated, cached, drafts)
 
     def response(self, states: list[RequestState]) -> dict:
         """The whole answer; its choices a generator (see _ChatContext.response)."""

@@ -291,7 +291,15 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+def usage(
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+    drafts: tuple[int, int] = (0, 0),
+) -> dict:
+    """OpenAI's usage block. `drafts`: (drafted, accepted) draft tokens of speculative decoding,
+    under OpenAI's names for Predicted Outputs' tokens (`completion_tokens_details`: accepted /
+    rejected prediction tokens), which its clients read; absent when nothing was drafted."""
     body = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -299,7 +307,19 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     }
     if cached_tokens:
         body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    drafted, accepted = drafts
+    if drafted:
+        body["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        }
     return body
+
+
+def draft_totals(samples) -> tuple[int, int]:
+    """(drafted, accepted) draft tokens over `samples` (SampleStates)."""
+    drafted = sum(sample.num_draft_tokens for sample in samples)
+    return drafted, sum(sample.num_accepted_tokens for sample in samples)
 
 
 def finish_reason(reason: str | None) -> str | None:
