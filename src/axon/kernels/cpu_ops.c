@@ -17,6 +17,12 @@
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+/* q8_0 keys times q8_0 queries as integer dot products, 64 channels an instruction */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define Q8_DOT 1
+#else
+#define Q8_DOT 0
+#endif
 #include "axon_kernels.h"
 
 /* Elementwise work (floats) from which a prefill-sized call runs on torch's threads: the
@@ -248,7 +254,15 @@ static inline void dequantize_head(const uint8_t *src, float *dst, int64_t D) {
         half scale;
         memcpy(&scale, src + D + 2 * (g / G), sizeof scale);
         const float d = (float)scale;
-        for (int64_t i = g; i < g + G; i++) dst[i] = (float)values[i] * d;
+        int64_t i = g;
+#if defined(__AVX512F__) /* GCC leaves the widening of int8 lanes scalar */
+        for (; i + 16 <= g + G; i += 16) {
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(values + i));
+            const __m512i lanes = _mm512_cvtepi8_epi32(bytes);
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(lanes), _mm512_set1_ps(d)));
+        }
+#endif
+        for (; i < g + G; i++) dst[i] = (float)values[i] * d;
     }
 }
 
@@ -261,6 +275,16 @@ static inline void widen_heads(int kv_type, const char *src, float *dst, int64_t
     }
     for (int64_t h = 0; h < heads; h++)
         dequantize_head((const uint8_t *)src + h * kv_head_bytes(KV_Q8, D), dst + h * D, D);
+}
+
+/* A query head rounded to q8_0 as a cache row is (quantize_head, then back to float32): the
+ * attention of a q8_0 cache takes the dot products of q8_0 queries and q8_0 keys, as
+ * llama.cpp's does, the same in every build (integer products where the CPU has VNNI) and in
+ * the PyTorch twin (kv_quant.round_query). */
+static void round_query(const float *q, float *out, int64_t D) {
+    uint8_t row[D + 2 * (D / Q8_GROUP(D))];
+    quantize_head(q, row, D);
+    dequantize_head(row, out, D);
 }
 
 /* ---- paged decode attention --------------------------------------------------------------- */
@@ -325,6 +349,112 @@ static void unit_scores(const Unit *u, float scale, float softcap, float *scores
                 out[j] = softcap > 0.0f ? tanhf(s[j] / softcap) * softcap : s[j];
         }
     }
+}
+
+#if Q8_DOT
+/* Bytes of the prepared queries (prepare_queries) of `heads` heads. */
+#define Q8_PREP_BYTES(heads, D) ((heads) * 3 * (D))
+
+/* The unit's query heads for q8_0 keys: per head its q8_0 values (int8 [D]), then per 64
+ * channels (a 512-bit vector, two groups) the int32 lanes its accumulator starts from and its
+ * groups' scales, each in the eight lanes of its group. Keys are read as unsigned (k + 128, one
+ * xor) for VNNI's unsigned x signed product; the start lanes, -16 x the group's query sum in
+ * each of its eight lanes, take the 128 x sum back out: the lanes of a group add up to the
+ * exact integer dot product. */
+static void prepare_queries(const float *q, int64_t heads, int64_t D, uint8_t *prep) {
+    const int64_t chunks = D / 64;
+    int8_t *values = (int8_t *)prep;
+    int32_t *start = (int32_t *)(prep + heads * D);
+    float *scales = (float *)(start + heads * chunks * 16);
+    uint8_t row[D + 2 * (D / 32)];
+    for (int64_t h = 0; h < heads; h++) {
+        quantize_head(q + h * D, row, D);
+        memcpy(values + h * D, row, D);
+        for (int64_t g = 0; g < D / 32; g++) {
+            int32_t sum = 0;
+            for (int64_t i = 32 * g; i < 32 * g + 32; i++) sum += (int8_t)row[i];
+            half scale;
+            memcpy(&scale, row + D + 2 * g, sizeof scale);
+            for (int64_t lane = 8 * g; lane < 8 * g + 8; lane++) {
+                start[h * chunks * 16 + lane] = -16 * sum;
+                scales[h * chunks * 16 + lane] = (float)scale;
+            }
+        }
+    }
+}
+
+/* unit_scores for a q8_0 cache (D a multiple of 64, at most 512): a block's key rows are
+ * flipped to unsigned and their scales spread over their groups' lanes once, then each query
+ * head's dot products are VNNI's, scaled per group in float32. */
+static void unit_scores_q8(const Unit *u, const uint8_t *prep, float scale, float softcap,
+                           float *scores, int64_t width) {
+    const int64_t D = u->head_dim, chunks = D / 64, heads = u->kvs * u->group;
+    const int64_t head_bytes = kv_head_bytes(KV_Q8, D);
+    const int8_t *values = (const int8_t *)prep;
+    const int32_t *start = (const int32_t *)(prep + heads * D);
+    const float *q_scales = (const float *)(start + heads * chunks * 16);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i upper = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __mmask16 groups = (__mmask16)((1u << (D / 32)) - 1);
+    __m512i keys[ROWS][8];
+    __m512 key_scales[ROWS][8];
+    for (int64_t p0 = u->start; p0 < u->len; p0 += ROWS) {
+        const int n = u->len - p0 < ROWS ? (int)(u->len - p0) : ROWS;
+        for (int64_t kv = 0; kv < u->kvs; kv++) {
+            for (int j = 0; j < n; j++) {
+                const uint8_t *row =
+                    (const uint8_t *)u->k + u->slots[p0 + j] * u->row + kv * head_bytes;
+                const __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(groups, row + D));
+                for (int64_t c = 0; c < chunks; c++) {
+                    keys[j][c] = _mm512_xor_si512(_mm512_loadu_si512(row + 64 * c), flip);
+                    const __m512i pick = _mm512_add_epi32(_mm512_set1_epi32(2 * c), upper);
+                    key_scales[j][c] = _mm512_permutexvar_ps(pick, s);
+                }
+            }
+            for (int64_t hq = kv * u->group; hq < (kv + 1) * u->group; hq++) {
+                f32x8 part[ROWS] = {0};
+                for (int j = 0; j < n; j++) {
+                    __m512 acc = _mm512_setzero_ps();
+                    for (int64_t c = 0; c < chunks; c++) {
+                        const int64_t at = (hq * chunks + c) * 16;
+                        const __m512i dot = _mm512_dpbusd_epi32(
+                            _mm512_loadu_si512(start + at), keys[j][c],
+                            _mm512_loadu_si512(values + hq * D + 64 * c));
+                        const __m512 both =
+                            _mm512_mul_ps(key_scales[j][c], _mm512_loadu_ps(q_scales + at));
+                        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), both, acc);
+                    }
+                    const __m256 high =
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+                    const __m256 folded = _mm256_add_ps(_mm512_castps512_ps256(acc), high);
+                    memcpy(&part[j], &folded, sizeof folded);
+                }
+                const f32x8 s = lane_sums8(part) * scale;
+                float *out = scores + hq * width + p0;
+                for (int j = 0; j < n; j++)
+                    out[j] = softcap > 0.0f ? tanhf(s[j] / softcap) * softcap : s[j];
+            }
+        }
+    }
+}
+#endif
+
+/* unit_scores for a q8_0 cache: the unit's queries rounded to q8_0 (round_query) in `queries`
+ * (its heads x head_dim floats), then VNNI's integer products where the build has them and the
+ * head_dim allows, else the float32 products of the rounded values. */
+static void unit_scores_of_q8(Unit *u, float *queries, float scale, float softcap, float *scores,
+                              int64_t width) {
+    const int64_t D = u->head_dim, heads = u->kvs * u->group;
+#if Q8_DOT
+    if (D % 64 == 0 && D <= 512) {
+        prepare_queries(u->q, heads, D, (uint8_t *)queries);
+        unit_scores_q8(u, (const uint8_t *)queries, scale, softcap, scores, width);
+        return;
+    }
+#endif
+    for (int64_t h = 0; h < heads; h++) round_query(u->q + h * D, queries + h * D, D);
+    u->q = queries;
+    unit_scores(u, scale, softcap, scores, width);
 }
 
 /* scores[start, len) <- their softmax, in place. */
@@ -450,10 +580,13 @@ int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache
     head_parts = (group + part_heads - 1) / part_heads;
     const int64_t units = batch * kv_parts * head_parts;
     const int64_t head_bytes = kv_head_bytes(kv_type, head_dim);
+    /* a q8_0 cache: the staging rows, then a unit's queries rounded to q8_0 */
+    const int64_t queries = kv_type == KV_Q8 ? kvs * part_heads : 0;
+    const int64_t stage_floats = (ROWS * kvs + queries) * head_dim;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
     {
-        float *stage = kv_type ? malloc(ROWS * kvs * head_dim * sizeof(float)) : NULL;
+        float *stage = kv_type ? malloc(stage_floats * sizeof(float)) : NULL;
         failed = kv_type && !stage;
 #pragma omp for schedule(dynamic)
         for (int64_t unit = 0; unit < units; unit++) {
@@ -479,7 +612,11 @@ int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache
                 memset(o, 0, u.kvs * u.group * head_dim * sizeof(float));
                 continue;
             }
-            unit_scores(&u, scale, softcap, scores, width);
+            if (kv_type == KV_Q8)
+                unit_scores_of_q8(&u, stage + ROWS * kvs * head_dim, scale, softcap, scores,
+                                  width);
+            else
+                unit_scores(&u, scale, softcap, scores, width);
             for (int64_t h = 0; h < u.kvs * u.group; h++)
                 softmax_row(scores + h * width, start, len);
             unit_values(&u, scores, width, o);
@@ -527,7 +664,8 @@ static inline fv selectv(iv mask, fv a, fv b) { return (fv)(((iv)a & mask) | ((i
 
 /* One unit: `rows` (token, head) query rows of KV head `kv`; row r is token t0 + r / heads_in,
  * query head h0 + r % heads_in. Each thread's scratch (PREFILL_SCRATCH floats): qt [D, QROWS],
- * s [KEYS, QROWS], o [QROWS, D], then (float16, q8_0 caches) a block's keys and values [KEYS, D]. */
+ * s [KEYS, QROWS], o [QROWS, D], then (float16, q8_0 caches) a block's keys and values
+ * [KEYS, D]. */
 #define PREFILL_SCRATCH(D) ((2 * (D) + KEYS) * QROWS + 2 * KEYS * (D))
 typedef struct {
     const float *q;       /* at the unit's first (token, head) */
@@ -608,8 +746,13 @@ static void prefill_unit(const PrefillUnit *u, float scale, float softcap, int64
         m[w] = (fv){0} - INFINITY;
         l[w] = (fv){0};
     }
+    float rounded[u->kv_type == KV_Q8 ? D : 1];
     for (int64_t r = 0; r < QROWS; r++) {
         const float *qr = u->q + (r / heads_in) * u->ldq + (r % heads_in) * D;
+        if (u->kv_type == KV_Q8 && r < rows) { /* q8_0 queries against q8_0 keys, as decode */
+            round_query(qr, rounded, D);
+            qr = rounded;
+        }
         for (int64_t d = 0; d < D; d++) qt[d * QROWS + r] = r < rows ? qr[d] * scale : 0.0f;
     }
     memset(o, 0, rows * D * sizeof(float));

@@ -112,6 +112,7 @@ class Attention(nn.Module):
         if chunk.context_len > chunk.query_len or self.k_cache.dtype != k.dtype:
             k = kv_quant.widen(self.k_cache[chunk.key_slots], self.head_dim, q.dtype)
             v = kv_quant.widen(self.v_cache[chunk.key_slots], self.head_dim, q.dtype)
+            q = kv_quant.round_query(q, self.k_cache)
         query_len = chunk.query_len
         # [Q, H, D] -> [1, Hkv, G*Q, D]; query head h uses KV head h // G.
         qg = q.view(query_len, self.num_kv_heads, self.group, self.head_dim)
@@ -134,6 +135,7 @@ class Attention(nn.Module):
     def _decode_ref(self, meta: AttentionMetadata, q: torch.Tensor) -> torch.Tensor:
         """The reference twin: gather the keys, mask, SDPA."""
         batch = q.shape[0]
+        q = kv_quant.round_query(q, self.k_cache)
         qg = q.view(batch, self.num_kv_heads, self.group, self.head_dim)  # [Bd, Hkv, G, D]
         k = gather_slots(self.k_cache, meta.decode_key_slots, "k").transpose(1, 2)  # [Bd,Hkv,C,D]
         v = gather_slots(self.v_cache, meta.decode_key_slots, "v").transpose(1, 2)

@@ -58,6 +58,15 @@ def dequantize_q8(rows: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torc
     return values.reshape(*rows.shape[:-1], head_dim).to(dtype)
 
 
+def round_query(q: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """q [..., D] as the attention of `cache` reads it: rounded to q8_0 and back for a q8_0
+    cache (its keys' dot products are q8_0 by q8_0, as llama.cpp's and the C kernels' integer
+    products), else q itself."""
+    if cache.dtype != Q8_0:
+        return q
+    return dequantize_q8(quantize_q8(q), q.shape[-1], q.dtype)
+
+
 def store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
     """cache[slots] = x [T, Hkv, D] in the cache's element type."""
     encoded = quantize_q8(x) if cache.dtype == Q8_0 else x.to(cache.dtype)
