@@ -3,10 +3,12 @@
 - kernel: CPU paged decode attention (kernels/cpu_ops.c) alone, reading a paged cache of each
   type (blocks of 16 slots scattered as the engine pages them), at Qwen3-0.6B's and gemma-3's
   head shapes, contexts of 1k-16k, batch 1 and 4, 1 and 2 threads; the median of interleaved
-  repeats (cache types alternate, so a busy neighbour slows them alike);
+  repeats (cache types alternate, so a busy neighbour slows them alike); and prefill attention
+  of a 1k and a 4k chunk (the causal triangle) the same way;
 - engine: decode tokens/s of a GGUF (the demo gemma-3-270m unless --model) after a prompt of
   ~1k and ~4k tokens, one stream: the prompt is prefilled once (a prefix-cache entry), then
-  runs again for 2 and for --tokens + 2 new tokens: the difference is --tokens decode steps.
+  runs again for 2 and for --tokens + 2 new tokens: the difference is --tokens decode steps;
+  the two caches' engines alternate, the median of --repeats.
 
     PYTHONPATH=src python benchmarks/kv_cache_speed.py [--skip-engine] [--skip-kernel]
 
@@ -86,32 +88,86 @@ def kernel_table(repeats: int) -> list[str]:
     return lines
 
 
-def decode_tokens_per_s(model: str, kv_dtype: str, context: int, tokens: int) -> float:
+def time_prefill(shape, context: int, threads: int, repeats: int) -> dict:
+    """Median milliseconds of one prefill chunk of `context` tokens (the causal triangle) over
+    a cache of each type, calls interleaved."""
+    _, heads, kv_heads, head_dim = shape
+    q, k, v, slots, _ = paged_case(1, heads, kv_heads, head_dim, context)
+    q = torch.randn(context, heads, head_dim)
+    chunks = torch.tensor([[0, context, context, 0]])
+    caches = {name: (as_cache(k, name), as_cache(v, name)) for name in CACHES}
+    times: dict[str, list[float]] = {name: [] for name in CACHES}
+    torch.set_num_threads(threads)
+    out = torch.empty_like(q)
+    for _ in range(repeats):
+        for name, (kc, vc) in caches.items():
+            start = time.perf_counter()
+            cpu_ops.paged_prefill_attention(
+                q, kc, vc, chunks, slots.view(-1), head_dim**-0.5, None, None, out
+            )
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def prefill_table(repeats: int) -> list[str]:
+    lines = [
+        "| heads | prefill tokens | threads | float32 ms | float16 ms | q8_0 ms "
+        "| q8_0 vs float16 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for shape in HEADS:
+        for context in (1024, 4096):
+            t = time_prefill(shape, context, 2, repeats)
+            lines.append(
+                f"| {shape[0]} | {context} | 2 | {t['float32']:.1f} | {t['float16']:.1f} "
+                f"| {t['q8_0']:.1f} | {t['float16'] / t['q8_0']:.2f}x |"
+            )
+    return lines
+
+
+def decode_seconds(llm, prompt: dict, tokens: int) -> float:
+    """Seconds of `tokens` decode steps after `prompt` (a prefix-cache hit): a run for
+    tokens + 2 new tokens less one for 2."""
+    from axon import SamplingParams
+
+    seconds = []
+    for count in (2, tokens + 2):
+        start = time.perf_counter()
+        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=count, ignore_eos=True))
+        seconds.append(time.perf_counter() - start)
+    return seconds[1] - seconds[0]
+
+
+def engine_rates(model: str, context: int, tokens: int, repeats: int) -> dict[str, float]:
+    """Decode tokens/s after a `context`-token prompt with each cache type: both engines
+    loaded, their timed runs alternating, the median of `repeats`."""
     from axon import LLM, SamplingParams
 
-    llm = LLM(
-        model,
-        max_model_len=context + tokens + 64,
-        kv_cache_memory=(context + tokens + 256) * 40 * 2**10,
-        kv_cache_dtype=kv_dtype,
-    )
+    prompt = {"prompt_token_ids": [2] + [(i * 7919) % 20000 + 300 for i in range(context)]}
+    engines = {}
+    for name in CACHES[1:]:
+        engines[name] = LLM(
+            model,
+            max_model_len=context + tokens + 64,
+            kv_cache_memory=(context + tokens + 256) * 40 * 2**10,
+            kv_cache_dtype=name,
+        )
+        engines[name].generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+    times: dict[str, list[float]] = {name: [] for name in engines}
     try:
-        prompt = {"prompt_token_ids": [2] + [(i * 7919) % 20000 + 300 for i in range(context)]}
-        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))  # the prefix entry
-        seconds = []
-        for count in (2, tokens + 2):  # the difference: `tokens` decode steps
-            start = time.perf_counter()
-            llm.generate([prompt], SamplingParams(temperature=0, max_tokens=count, ignore_eos=True))
-            seconds.append(time.perf_counter() - start)
-        return tokens / (seconds[1] - seconds[0])
+        for _ in range(repeats):
+            for name, llm in engines.items():
+                times[name].append(decode_seconds(llm, prompt, tokens))
     finally:
-        llm.engine.close()
+        for llm in engines.values():
+            llm.engine.close()
+    return {name: tokens / statistics.median(values) for name, values in times.items()}
 
 
-def engine_table(model: str, tokens: int) -> list[str]:
+def engine_table(model: str, tokens: int, repeats: int) -> list[str]:
     lines = ["| context | float16 tok/s | q8_0 tok/s | q8_0 vs float16 |", "|---:|---:|---:|---:|"]
     for context in (1024, 4096):
-        rates = {name: decode_tokens_per_s(model, name, context, tokens) for name in CACHES[1:]}
+        rates = engine_rates(model, context, tokens, repeats)
         lines.append(
             f"| {context} | {rates['float16']:.1f} | {rates['q8_0']:.1f} "
             f"| {rates['q8_0'] / rates['float16']:.2f}x |"
@@ -130,12 +186,13 @@ def main() -> None:
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
     if not args.skip_kernel:
         print("\n".join(kernel_table(args.repeats)))
+        print("\n".join(prefill_table(args.repeats)))
     if not args.skip_engine:
         if args.model is None:
             from axon.demo import demo_model_path
 
             args.model = str(demo_model_path())
-        print("\n".join(engine_table(args.model, args.tokens)))
+        print("\n".join(engine_table(args.model, args.tokens, args.repeats)))
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
