@@ -184,9 +184,9 @@ static inline float sum_lanes8(f32x8 v) {
 
 /* A KV cache (kv_type) holds float32, float16 (half the bytes read a decode step, as
  * llama.cpp's default cache: written rounded to nearest even, as torch's .to(float16)), or q8_0
- * (about a quarter: llama.cpp's q8_0, each group of Q8_GROUP channels of a head as int8 values
- * times one float16 scale). The attention kernels widen a few rows at a time back to float32,
- * read in place from the cache. */
+ * (17/32 of float16's bytes: llama.cpp's q8_0, each group of Q8_GROUP channels of a head as int8
+ * values times one float16 scale). The attention kernels widen a few rows at a time back to
+ * float32, read in place from the cache (q8_0 keys at decode: integer products, Q8_DOT). */
 typedef _Float16 half;
 enum { KV_F32 = 0, KV_F16 = 1, KV_Q8 = 2 };
 
