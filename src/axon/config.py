@@ -14,6 +14,12 @@ if TYPE_CHECKING:  # torch loads where a device is touched: the HTTP process nev
 from axon.settings import DTYPE_NAMES, LLM, engine_kwargs, select
 
 _FIELDS = [s for s in select(LLM) if s.to_engine is None]  # the rest stand for fields
+_FP8_ON_CPU = (
+    "fp8_e4m3 needs a GPU with float8 (compute capability 8.9+): the CPU's kernels read "
+    "float32, float16 and q8_0 caches (q8_0 is the CPU's 8-bit cache)"
+)
+# Cache element types other than torch's float names: their storage dtypes' names.
+_KV_STORAGE = {"q8_0": "uint8", "fp8_e4m3": "float8_e4m3fn"}
 
 
 def _check(config, ok: bool, name: str, why: str) -> None:
@@ -41,6 +47,11 @@ class _EngineConfigBase:
             "activation_precision",
             f"int8 applies to GGUF weights only, and {self.model!r} is not a .gguf file",
         )
+        check(
+            self.kv_cache_dtype != "fp8_e4m3" or self.device != "cpu",
+            "kv_cache_dtype",
+            _FP8_ON_CPU,
+        )
 
     @property
     def vision_enabled(self) -> bool:
@@ -66,9 +77,17 @@ class _EngineConfigBase:
 
     def kv_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The KV cache's dtype for a model running in `model_dtype` (the runner asks once the
-        model is loaded, with `auto` activations resolved)."""
+        model is loaded, with `auto` activations resolved): q8_0 is uint8 (layers/kv_quant.py).
+        fp8_e4m3 off a float8 GPU is a ValueError."""
         import torch
 
+        if self.kv_cache_dtype == "fp8_e4m3":
+            device = self.torch_device()
+            _check(self, device.type == "cuda", "kv_cache_dtype", _FP8_ON_CPU)
+            _check(self, torch.cuda.get_device_capability(device) >= (8, 9), "kv_cache_dtype",
+                   "fp8_e4m3 needs compute capability 8.9+ (Ada, Hopper); use q8_0")  # fmt: skip
+        if self.kv_cache_dtype in _KV_STORAGE:
+            return getattr(torch, _KV_STORAGE[self.kv_cache_dtype])
         if self.kv_cache_dtype != "auto":
             return getattr(torch, DTYPE_NAMES[self.kv_cache_dtype])
         return torch.float16 if self.activation_precision == "int8" else model_dtype

@@ -38,6 +38,9 @@ __all__ = [  # the table's own names, and those of setting.py its users need
 ]  # fmt: skip
 
 _DTYPE_RULE = f"must be auto or one of {sorted(DTYPE_NAMES)}"
+# The KV cache's 8-bit types (layers/kv_quant.py); fp8_e4m3 on a GPU with float8 only.
+_KV_DTYPES = (*DTYPES, "q8_0", "fp8_e4m3")
+_KV_DTYPE_RULE = f"must be auto or one of {sorted([*DTYPE_NAMES, 'q8_0', 'fp8_e4m3'])}"
 _DTYPE_SHOWN = ("auto", "float32", "bfloat16", "float16")  # --help leaves the short forms out
 _MODEL = (SERVE, SPEC)  # what to load for one model: `axon serve MODEL` and a load spec
 _NODES = (SERVE, LLM)  # multi-host tensor parallelism: `axon serve`'s multinode flags
@@ -128,8 +131,10 @@ TABLE: tuple[Setting, ...] = (
     Setting("activation_precision", str, "auto", _INT8_HELP, EVERYWHERE,
             choices=("auto", "float32", "int8"), rule="must be float32 or int8, or auto"),
     Setting("kv_cache_dtype", str, "auto", "KV cache element type; auto: float16 with int8 "
-            "activations (half the bytes a decode step reads), else dtype's", EVERYWHERE,
-            choices=DTYPES, shown=_DTYPE_SHOWN, rule=_DTYPE_RULE),
+            "activations (half the bytes a decode step reads), else dtype's; q8_0: 8-bit "
+            "(llama.cpp's), about twice float16's tokens; fp8_e4m3: GPUs with float8",
+            EVERYWHERE, choices=_KV_DTYPES, shown=(*_DTYPE_SHOWN, "q8_0", "fp8_e4m3"),
+            rule=_KV_DTYPE_RULE),
     Setting("prefix_cache_dir", str, None, "keep the prefix cache's full KV blocks (and "
             "hybrid models' state snapshots) on disk here too, so a restarted server or a "
             "reloaded model serves a known prefix without prefilling it", EVERYWHERE,

@@ -115,7 +115,7 @@ def test_every_mirrored_struct_has_the_library_layout():
 @needs_library
 def test_a_drifted_mirror_differs_from_the_library_layout():
     fields = list(abi.Layer._fields_)
-    fields[-1] = ("kv_f16", ctypes.c_int64)  # the trailing flag widened: the size holds
+    fields[-1] = ("kv_type", ctypes.c_int64)  # the trailing flag widened: the size holds
     drifted = type("Layer", (ctypes.Structure,), {"_fields_": fields})
     assert ctypes.sizeof(drifted) == ctypes.sizeof(abi.Layer)
     assert _layout_of(drifted) != _library_layouts()["Layer"]

@@ -42,7 +42,7 @@ class Layer(ctypes.Structure):
         ("k_cache", _ptr),
         ("v_cache", _ptr),
         *((name, Projection) for name in ("qkv", "o", "gate_up", "down")),
-        ("kv_f16", _i32),  # the caches hold float16
+        ("kv_type", _i32),  # the caches' element type (cpu_ops.KV_TYPES)
     ]
 
 
@@ -117,7 +117,7 @@ SIGNATURES: dict[str, tuple[type | None, list]] = {
         ],
     ),
     "axon_act_and_mul": (None, [_ptr, _i64, _ptr, _i64, _i64, _int]),
-    "axon_cache_write": (None, [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _ptr, _int]),
+    "axon_cache_write": (None, [_ptr, _i64, _ptr, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _int]),
     # ggml_cpu.c
     "axon_ggml_supported": (_int, [_int]),
     "axon_ggml_matmul_parts": (_int, _MATMUL_PARTS),

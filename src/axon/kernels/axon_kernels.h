@@ -33,7 +33,7 @@ typedef struct {
     const float *q_norm, *k_norm, *qkv_bias, *inv_freq;
     void *k_cache, *v_cache;
     Projection qkv, o, gate_up, down;
-    int32_t kv_f16; /* the caches hold float16 */
+    int32_t kv_type; /* the caches' element type: 0 float32, 1 float16, 2 q8_0 (cpu_ops.c) */
 } Layer;
 
 /* Every expert's three weights, fixed for the model's lifetime (cpu_moe.c). Expert e's gate is
@@ -97,17 +97,17 @@ int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache
                                 const int64_t *lens, int64_t batch, int64_t heads,
                                 int64_t kv_heads, int64_t head_dim, float scale, float softcap,
                                 int64_t window, float *out, float *scratch, int threads,
-                                int kv_f16);
+                                int kv_type);
 int axon_paged_prefill_attention(const float *q, int64_t ldq, const void *k_cache,
                                  const void *v_cache, const int64_t *slots,
                                  const int64_t *chunks, int64_t n_chunks, int64_t heads,
                                  int64_t kv_heads, int64_t head_dim, float scale, float softcap,
-                                 int64_t window, float *out, int threads, int kv_f16);
+                                 int64_t window, float *out, int threads, int kv_type);
 void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, int64_t inter,
                       int kind);
 void axon_cache_write(const float *k, int64_t ldk, const float *v, int64_t ldv,
-                      const int64_t *slots, int64_t tokens, int64_t width, void *k_cache,
-                      void *v_cache, int kv_f16);
+                      const int64_t *slots, int64_t tokens, int64_t heads, int64_t head_dim,
+                      void *k_cache, void *v_cache, int kv_type);
 
 /* ---- ggml_cpu.c: GGML (or float32) weights times float32 activations ----------------------- */
 

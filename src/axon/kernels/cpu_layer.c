@@ -70,13 +70,13 @@ int axon_decode_attention(const Layer *l, float *hidden, int64_t tokens, const i
         }
     axon_rotary(q, qkv_width, tokens, l->heads, D, l->rotary_dim, positions, l->inv_freq);
     axon_rotary(k, qkv_width, tokens, l->kv_heads, D, l->rotary_dim, positions, l->inv_freq);
-    axon_cache_write(k, qkv_width, v, qkv_width, slot_mapping, tokens, kv_width, l->k_cache,
-                     l->v_cache, l->kv_f16);
+    axon_cache_write(k, qkv_width, v, qkv_width, slot_mapping, tokens, l->kv_heads, D,
+                     l->k_cache, l->v_cache, l->kv_type);
     const int64_t work = tokens * l->heads * width * D;
     status = axon_paged_decode_attention(q, qkv_width, l->k_cache, l->v_cache, key_slots, width,
                                          lens, tokens, l->heads, l->kv_heads, D, l->scale,
                                          l->softcap, l->window, attn, scores,
-                                         work >= ATTENTION_MIN_WORK ? threads : 1, l->kv_f16);
+                                         work >= ATTENTION_MIN_WORK ? threads : 1, l->kv_type);
     if (status) return status;
     if ((status = project(&l->o, attn, tokens, q_width, y, dim, threads))) return status;
     residual_add(hidden, y, l->attn_out_norm, tokens, dim, l->eps, l->unit_offset);

@@ -17,6 +17,12 @@
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+/* q8_0 keys times q8_0 queries as integer dot products, 64 channels an instruction */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define Q8_DOT 1
+#else
+#define Q8_DOT 0
+#endif
 #include "axon_kernels.h"
 
 /* Elementwise work (floats) from which a prefill-sized call runs on torch's threads: the
@@ -176,10 +182,24 @@ static inline float sum_lanes8(f32x8 v) {
 
 /* ---- the KV cache's element types ---------------------------------------------------------- */
 
-/* A KV cache holds float32, or float16 (half the bytes read a decode step, as llama.cpp's
- * default cache): written rounded to nearest even (as torch's .to(float16)), widened back to
- * float32 as the attention kernels read it. */
+/* A KV cache (kv_type) holds float32, float16 (half the bytes read a decode step, as
+ * llama.cpp's default cache: written rounded to nearest even, as torch's .to(float16)), or q8_0
+ * (17/32 of float16's bytes: llama.cpp's q8_0, each group of Q8_GROUP channels of a head as int8
+ * values times one float16 scale). The attention kernels widen a few rows at a time back to
+ * float32, read in place from the cache (q8_0 keys at decode: integer products, Q8_DOT). */
 typedef _Float16 half;
+enum { KV_F32 = 0, KV_F16 = 1, KV_Q8 = 2 };
+
+/* q8_0's group: 32 channels, or the whole head where head_dim is no multiple of 32. A head's
+ * row is its head_dim int8 values, then its head_dim / group float16 scales
+ * (layers/kv_quant.py lays it out the same). */
+#define Q8_GROUP(D) ((D) % 32 ? (D) : 32)
+
+/* Bytes of one KV head of one cache slot. */
+static inline int64_t kv_head_bytes(int kv_type, int64_t D) {
+    if (kv_type == KV_Q8) return D + 2 * (D / Q8_GROUP(D));
+    return kv_type == KV_F16 ? 2 * D : 4 * D;
+}
 
 /* Eight or sixteen lanes at a time where the CPU converts vectors (F16C, AVX-512): GCC leaves
  * the _Float16 loops scalar, each conversion waiting on the last (~4 cycles a value). */
@@ -207,6 +227,66 @@ static inline void narrow(const float *src, half *dst, int64_t n) {
     for (; i < n; i++) dst[i] = (half)src[i];
 }
 
+/* A head's D channels quantized to q8_0 at dst: per group, scale = fp16(max |x| / 127) and
+ * value = round(x / scale) (half to even), the same arithmetic as quantize_q8 (kv_quant.py),
+ * so the two write the same bytes. */
+static void quantize_head(const float *x, uint8_t *dst, int64_t D) {
+    const int64_t G = Q8_GROUP(D);
+    int8_t *values = (int8_t *)dst;
+    for (int64_t g = 0; g < D; g += G) {
+        float amax = 0.0f;
+        for (int64_t i = g; i < g + G; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        const half scale = (half)(amax / 127.0f);
+        const float d = (float)scale;
+        for (int64_t i = g; i < g + G; i++) {
+            const float r = d > 0.0f ? nearbyintf(x[i] / d) : 0.0f;
+            values[i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+        }
+        memcpy(dst + D + 2 * (g / G), &scale, sizeof scale);
+    }
+}
+
+/* dst [D] = a q8_0 head's values times their group's scale (exact in float32: 8 x 11 bits). */
+static inline void dequantize_head(const uint8_t *src, float *dst, int64_t D) {
+    const int64_t G = Q8_GROUP(D);
+    const int8_t *values = (const int8_t *)src;
+    for (int64_t g = 0; g < D; g += G) {
+        half scale;
+        memcpy(&scale, src + D + 2 * (g / G), sizeof scale);
+        const float d = (float)scale;
+        int64_t i = g;
+#if defined(__AVX512F__) /* GCC leaves the widening of int8 lanes scalar */
+        for (; i + 16 <= g + G; i += 16) {
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(values + i));
+            const __m512i lanes = _mm512_cvtepi8_epi32(bytes);
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(lanes), _mm512_set1_ps(d)));
+        }
+#endif
+        for (; i < g + G; i++) dst[i] = (float)values[i] * d;
+    }
+}
+
+/* dst [heads, D] float32 = `heads` consecutive heads of a float16 or q8_0 cache slot at src. */
+static inline void widen_heads(int kv_type, const char *src, float *dst, int64_t heads,
+                               int64_t D) {
+    if (kv_type == KV_F16) {
+        widen((const half *)src, dst, heads * D);
+        return;
+    }
+    for (int64_t h = 0; h < heads; h++)
+        dequantize_head((const uint8_t *)src + h * kv_head_bytes(KV_Q8, D), dst + h * D, D);
+}
+
+/* A query head rounded to q8_0 as a cache row is (quantize_head, then back to float32): the
+ * attention of a q8_0 cache takes the dot products of q8_0 queries and q8_0 keys, as
+ * llama.cpp's does, the same in every build (integer products where the CPU has VNNI) and in
+ * the PyTorch twin (kv_quant.round_query). */
+static void round_query(const float *q, float *out, int64_t D) {
+    uint8_t row[D + 2 * (D / Q8_GROUP(D))];
+    quantize_head(q, row, D);
+    dequantize_head(row, out, D);
+}
+
 /* ---- paged decode attention --------------------------------------------------------------- */
 
 /* Positions are taken eight at a time: eight cache rows (keys, then values) per block. */
@@ -218,23 +298,24 @@ static inline void narrow(const float *src, half *dst, int64_t n) {
  * width, its output at out + (kv * group + h) * head_dim. */
 typedef struct {
     const float *q;
-    const void *k, *v;    /* cache + the first KV head's offset; position p's at + slots[p] * row */
+    const char *k, *v;    /* cache + the first KV head's offset; position p's at + slots[p] * row */
     const int64_t *slots; /* the sequence's slots */
-    int64_t row, start, len, kvs, group, head_dim;
-    float *stage; /* a float16 cache: ROWS rows of kvs heads widened to float32 here; else NULL */
+    int64_t row, start, len, kvs, group, head_dim; /* row: bytes a cache slot */
+    float *stage; /* float16, q8_0 caches: ROWS rows of kvs heads widened to float32 here */
+    int kv_type;
 } Unit;
 
 /* The cache rows (as float32) of positions p0 .. p0 + ROWS - 1; past len they repeat p0's (read,
- * unused). A float16 cache's rows are widened into the unit's stage first. */
-static inline void block_rows(const Unit *u, const void *cache, int64_t p0, const float **rows) {
+ * unused). A float16 or q8_0 cache's rows are widened into the unit's stage first. */
+static inline void block_rows(const Unit *u, const char *cache, int64_t p0, const float **rows) {
     const int64_t n = u->len - p0 < ROWS ? u->len - p0 : ROWS, width = u->kvs * u->head_dim;
     for (int j = 0; j < n; j++) {
-        const int64_t at = u->slots[p0 + j] * u->row;
+        const char *at = cache + u->slots[p0 + j] * u->row;
         if (u->stage) {
-            widen((const half *)cache + at, u->stage + j * width, width);
+            widen_heads(u->kv_type, at, u->stage + j * width, u->kvs, u->head_dim);
             rows[j] = u->stage + j * width;
         } else {
-            rows[j] = (const float *)cache + at;
+            rows[j] = (const float *)at;
         }
     }
     for (int64_t j = n; j < ROWS; j++) rows[j] = rows[0];
@@ -268,6 +349,112 @@ static void unit_scores(const Unit *u, float scale, float softcap, float *scores
                 out[j] = softcap > 0.0f ? tanhf(s[j] / softcap) * softcap : s[j];
         }
     }
+}
+
+#if Q8_DOT
+/* Bytes of the prepared queries (prepare_queries) of `heads` heads. */
+#define Q8_PREP_BYTES(heads, D) ((heads) * 3 * (D))
+
+/* The unit's query heads for q8_0 keys: per head its q8_0 values (int8 [D]), then per 64
+ * channels (a 512-bit vector, two groups) the int32 lanes its accumulator starts from and its
+ * groups' scales, each in the eight lanes of its group. Keys are read as unsigned (k + 128, one
+ * xor) for VNNI's unsigned x signed product; the start lanes, -16 x the group's query sum in
+ * each of its eight lanes, take the 128 x sum back out: the lanes of a group add up to the
+ * exact integer dot product. */
+static void prepare_queries(const float *q, int64_t heads, int64_t D, uint8_t *prep) {
+    const int64_t chunks = D / 64;
+    int8_t *values = (int8_t *)prep;
+    int32_t *start = (int32_t *)(prep + heads * D);
+    float *scales = (float *)(start + heads * chunks * 16);
+    uint8_t row[D + 2 * (D / 32)];
+    for (int64_t h = 0; h < heads; h++) {
+        quantize_head(q + h * D, row, D);
+        memcpy(values + h * D, row, D);
+        for (int64_t g = 0; g < D / 32; g++) {
+            int32_t sum = 0;
+            for (int64_t i = 32 * g; i < 32 * g + 32; i++) sum += (int8_t)row[i];
+            half scale;
+            memcpy(&scale, row + D + 2 * g, sizeof scale);
+            for (int64_t lane = 8 * g; lane < 8 * g + 8; lane++) {
+                start[h * chunks * 16 + lane] = -16 * sum;
+                scales[h * chunks * 16 + lane] = (float)scale;
+            }
+        }
+    }
+}
+
+/* unit_scores for a q8_0 cache (D a multiple of 64, at most 512): a block's key rows are
+ * flipped to unsigned and their scales spread over their groups' lanes once, then each query
+ * head's dot products are VNNI's, scaled per group in float32. */
+static void unit_scores_q8(const Unit *u, const uint8_t *prep, float scale, float softcap,
+                           float *scores, int64_t width) {
+    const int64_t D = u->head_dim, chunks = D / 64, heads = u->kvs * u->group;
+    const int64_t head_bytes = kv_head_bytes(KV_Q8, D);
+    const int8_t *values = (const int8_t *)prep;
+    const int32_t *start = (const int32_t *)(prep + heads * D);
+    const float *q_scales = (const float *)(start + heads * chunks * 16);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i upper = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __mmask16 groups = (__mmask16)((1u << (D / 32)) - 1);
+    __m512i keys[ROWS][8];
+    __m512 key_scales[ROWS][8];
+    for (int64_t p0 = u->start; p0 < u->len; p0 += ROWS) {
+        const int n = u->len - p0 < ROWS ? (int)(u->len - p0) : ROWS;
+        for (int64_t kv = 0; kv < u->kvs; kv++) {
+            for (int j = 0; j < n; j++) {
+                const uint8_t *row =
+                    (const uint8_t *)u->k + u->slots[p0 + j] * u->row + kv * head_bytes;
+                const __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(groups, row + D));
+                for (int64_t c = 0; c < chunks; c++) {
+                    keys[j][c] = _mm512_xor_si512(_mm512_loadu_si512(row + 64 * c), flip);
+                    const __m512i pick = _mm512_add_epi32(_mm512_set1_epi32(2 * c), upper);
+                    key_scales[j][c] = _mm512_permutexvar_ps(pick, s);
+                }
+            }
+            for (int64_t hq = kv * u->group; hq < (kv + 1) * u->group; hq++) {
+                f32x8 part[ROWS] = {0};
+                for (int j = 0; j < n; j++) {
+                    __m512 acc = _mm512_setzero_ps();
+                    for (int64_t c = 0; c < chunks; c++) {
+                        const int64_t at = (hq * chunks + c) * 16;
+                        const __m512i dot = _mm512_dpbusd_epi32(
+                            _mm512_loadu_si512(start + at), keys[j][c],
+                            _mm512_loadu_si512(values + hq * D + 64 * c));
+                        const __m512 both =
+                            _mm512_mul_ps(key_scales[j][c], _mm512_loadu_ps(q_scales + at));
+                        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), both, acc);
+                    }
+                    const __m256 high =
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+                    const __m256 folded = _mm256_add_ps(_mm512_castps512_ps256(acc), high);
+                    memcpy(&part[j], &folded, sizeof folded);
+                }
+                const f32x8 s = lane_sums8(part) * scale;
+                float *out = scores + hq * width + p0;
+                for (int j = 0; j < n; j++)
+                    out[j] = softcap > 0.0f ? tanhf(s[j] / softcap) * softcap : s[j];
+            }
+        }
+    }
+}
+#endif
+
+/* unit_scores for a q8_0 cache: the unit's queries rounded to q8_0 (round_query) in `queries`
+ * (its heads x head_dim floats), then VNNI's integer products where the build has them and the
+ * head_dim allows, else the float32 products of the rounded values. */
+static void unit_scores_of_q8(Unit *u, float *queries, float scale, float softcap, float *scores,
+                              int64_t width) {
+    const int64_t D = u->head_dim, heads = u->kvs * u->group;
+#if Q8_DOT
+    if (D % 64 == 0 && D <= 512) {
+        prepare_queries(u->q, heads, D, (uint8_t *)queries);
+        unit_scores_q8(u, (const uint8_t *)queries, scale, softcap, scores, width);
+        return;
+    }
+#endif
+    for (int64_t h = 0; h < heads; h++) round_query(u->q + h * D, queries + h * D, D);
+    u->q = queries;
+    unit_scores(u, scale, softcap, scores, width);
 }
 
 /* scores[start, len) <- their softmax, in place. */
@@ -359,7 +546,7 @@ static void unit_values(const Unit *u, const float *weights, int64_t width, floa
 }
 
 /* One decode query per sequence over its cached keys, read in place from the paged cache.
- * Returns 0, or -2 when a float16 cache's staging rows cannot be allocated.
+ * Returns 0, or -2 when a float16 or q8_0 cache's staging rows cannot be allocated.
  *   q        [batch, heads, head_dim], rows ldq floats apart; query head h reads KV head
  *            h / (heads / kv_heads)
  *   k/v      [slots, kv_heads, head_dim] caches
@@ -367,7 +554,7 @@ static void unit_values(const Unit *u, const float *weights, int64_t width, floa
  *   lens     [batch] context lengths; a window > 0 keeps the last `window` positions
  *   softcap  > 0: scores = tanh(scores / softcap) * softcap
  *   out      [batch, heads, head_dim]
- *   kv_f16   the caches hold float16
+ *   kv_type  the caches' element type (KV_F32, KV_F16, KV_Q8)
  * `scratch` holds threads * heads * width floats of scores.
  *
  * Each unit of work is a sequence, two passes over its cache (scores, then their softmax's sum
@@ -381,7 +568,7 @@ int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache
                                 const int64_t *lens, int64_t batch, int64_t heads,
                                 int64_t kv_heads, int64_t head_dim, float scale, float softcap,
                                 int64_t window, float *out, float *scratch, int threads,
-                                int kv_f16) {
+                                int kv_type) {
     int64_t kv_parts = 1, head_parts = 1, group = heads / kv_heads;
     /* two units a thread at least, for balance: a sequence's KV heads split at no extra reads */
     while (kv_parts < kv_heads && batch * kv_parts < 2 * threads) kv_parts++;
@@ -392,15 +579,18 @@ int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache
     const int64_t part_heads = (group + head_parts - 1) / head_parts;
     head_parts = (group + part_heads - 1) / part_heads;
     const int64_t units = batch * kv_parts * head_parts;
-    const int64_t elem = kv_f16 ? 2 : 4;
+    const int64_t head_bytes = kv_head_bytes(kv_type, head_dim);
+    /* a q8_0 cache: the staging rows, then a unit's queries rounded to q8_0 */
+    const int64_t queries = kv_type == KV_Q8 ? kvs * part_heads : 0;
+    const int64_t stage_floats = (ROWS * kvs + queries) * head_dim;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
     {
-        float *stage = kv_f16 ? malloc(ROWS * kvs * head_dim * sizeof(float)) : NULL;
-        failed = kv_f16 && !stage;
+        float *stage = kv_type ? malloc(stage_floats * sizeof(float)) : NULL;
+        failed = kv_type && !stage;
 #pragma omp for schedule(dynamic)
         for (int64_t unit = 0; unit < units; unit++) {
-            if (kv_f16 && !stage) continue;
+            if (kv_type && !stage) continue;
 #ifdef _OPENMP
             float *scores = scratch + (int64_t)omp_get_thread_num() * heads * width;
 #else
@@ -410,19 +600,23 @@ int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache
             const int64_t kv0 = unit / head_parts % kv_parts * kvs, part = unit % head_parts;
             const int64_t h0 = kv0 * group + part * part_heads;
             const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
-            Unit u = {q + b * ldq + h0 * head_dim, (const char *)k_cache + kv0 * head_dim * elem,
-                      (const char *)v_cache + kv0 * head_dim * elem, slots + b * width,
-                      kv_heads * head_dim, start, len,
+            Unit u = {q + b * ldq + h0 * head_dim, (const char *)k_cache + kv0 * head_bytes,
+                      (const char *)v_cache + kv0 * head_bytes, slots + b * width,
+                      kv_heads * head_bytes, start, len,
                       kv0 + kvs <= kv_heads ? kvs : kv_heads - kv0,
                       group - part * part_heads < part_heads ? group - part * part_heads
                                                              : part_heads,
-                      head_dim, stage};
+                      head_dim, stage, kv_type};
             float *o = out + (b * heads + h0) * head_dim;
             if (start >= len) {
                 memset(o, 0, u.kvs * u.group * head_dim * sizeof(float));
                 continue;
             }
-            unit_scores(&u, scale, softcap, scores, width);
+            if (kv_type == KV_Q8)
+                unit_scores_of_q8(&u, stage + ROWS * kvs * head_dim, scale, softcap, scores,
+                                  width);
+            else
+                unit_scores(&u, scale, softcap, scores, width);
             for (int64_t h = 0; h < u.kvs * u.group; h++)
                 softmax_row(scores + h * width, start, len);
             unit_values(&u, scores, width, o);
@@ -470,15 +664,16 @@ static inline fv selectv(iv mask, fv a, fv b) { return (fv)(((iv)a & mask) | ((i
 
 /* One unit: `rows` (token, head) query rows of KV head `kv`; row r is token t0 + r / heads_in,
  * query head h0 + r % heads_in. Each thread's scratch (PREFILL_SCRATCH floats): qt [D, QROWS],
- * s [KEYS, QROWS], o [QROWS, D], then (float16 caches) a block's keys and values [KEYS, D]. */
+ * s [KEYS, QROWS], o [QROWS, D], then (float16, q8_0 caches) a block's keys and values
+ * [KEYS, D]. */
 #define PREFILL_SCRATCH(D) ((2 * (D) + KEYS) * QROWS + 2 * KEYS * (D))
 typedef struct {
     const float *q;       /* at the unit's first (token, head) */
-    const void *k, *v;    /* the caches + kv * D elements */
+    const char *k, *v;    /* the caches + KV head kv's offset */
     const int64_t *slots; /* the chunk's key slots, position order */
-    int64_t ldq, row, D, rows, heads_in;
+    int64_t ldq, row, D, rows, heads_in; /* row: bytes a cache slot */
     int64_t first_pos; /* the position of the unit's first token */
-    int kv_f16;        /* float16 caches: a block's rows widened into the thread's scratch */
+    int kv_type;       /* float16, q8_0 caches: a block's rows widened into the thread's scratch */
 } PrefillUnit;
 
 /* s[j, :] = the scores of keys j0 + j (j < SCORE_KEYS) against all rows. */
@@ -551,8 +746,13 @@ static void prefill_unit(const PrefillUnit *u, float scale, float softcap, int64
         m[w] = (fv){0} - INFINITY;
         l[w] = (fv){0};
     }
+    float rounded[u->kv_type == KV_Q8 ? D : 1];
     for (int64_t r = 0; r < QROWS; r++) {
         const float *qr = u->q + (r / heads_in) * u->ldq + (r % heads_in) * D;
+        if (u->kv_type == KV_Q8 && r < rows) { /* q8_0 queries against q8_0 keys, as decode */
+            round_query(qr, rounded, D);
+            qr = rounded;
+        }
         for (int64_t d = 0; d < D; d++) qt[d * QROWS + r] = r < rows ? qr[d] * scale : 0.0f;
     }
     memset(o, 0, rows * D * sizeof(float));
@@ -564,13 +764,13 @@ static void prefill_unit(const PrefillUnit *u, float scale, float softcap, int64
         const float *keys[KEYS], *values[KEYS];
         for (int j = 0; j < n; j++) {
             const int64_t at = u->slots[j0 + j] * u->row;
-            if (u->kv_f16) {
+            if (u->kv_type) {
                 float *key = o + QROWS * D + j * D, *value = key + KEYS * D;
-                widen((const half *)u->k + at, key, D);
-                widen((const half *)u->v + at, value, D);
+                widen_heads(u->kv_type, u->k + at, key, 1, D);
+                widen_heads(u->kv_type, u->v + at, value, 1, D);
                 keys[j] = key, values[j] = value;
             } else {
-                keys[j] = (const float *)u->k + at, values[j] = (const float *)u->v + at;
+                keys[j] = (const float *)(u->k + at), values[j] = (const float *)(u->v + at);
             }
         }
         for (int j = n; j < KEYS; j++) keys[j] = keys[0], values[j] = values[0];
@@ -632,15 +832,15 @@ static void prefill_unit(const PrefillUnit *u, float scale, float softcap, int64
  *            window > 0)
  *   softcap  > 0: scores = tanh(scores / softcap) * softcap
  *   out      [tokens, heads, head_dim]: the chunks' rows written, others untouched
- *   kv_f16   the caches hold float16
+ *   kv_type  the caches' element type (KV_F32, KV_F16, KV_Q8)
  * A unit of work is one KV head's query rows for a block of tokens; the longest (latest tokens)
  * are handed out first. Returns 0, or -2 when a thread's scratch cannot be allocated. */
 int axon_paged_prefill_attention(const float *q, int64_t ldq, const void *k_cache,
                                  const void *v_cache, const int64_t *slots,
                                  const int64_t *chunks, int64_t n_chunks, int64_t heads,
                                  int64_t kv_heads, int64_t head_dim, float scale, float softcap,
-                                 int64_t window, float *out, int threads, int kv_f16) {
-    const int64_t D = head_dim, group = heads / kv_heads;
+                                 int64_t window, float *out, int threads, int kv_type) {
+    const int64_t D = head_dim, group = heads / kv_heads, head_bytes = kv_head_bytes(kv_type, D);
     const int64_t heads_in = group < QROWS ? group : QROWS;
     const int64_t parts = (group + heads_in - 1) / heads_in, tokens_in = QROWS / heads_in;
     int64_t units = 0;
@@ -669,10 +869,10 @@ int axon_paged_prefill_attention(const float *q, int64_t ldq, const void *k_cach
                                                                    : heads_in;
             const int64_t h0 = kv * group + part * heads_in;
             const int64_t tok = chunk[0] + t0;
-            const int64_t offset = kv * D * (kv_f16 ? 2 : 4);
-            PrefillUnit u = {q + tok * ldq + h0 * D, (const char *)k_cache + offset,
-                             (const char *)v_cache + offset, slots + chunk[3], ldq,
-                             kv_heads * D, D, ntok * h_in, h_in, chunk[2] - chunk[1] + t0, kv_f16};
+            PrefillUnit u = {q + tok * ldq + h0 * D, (const char *)k_cache + kv * head_bytes,
+                             (const char *)v_cache + kv * head_bytes, slots + chunk[3], ldq,
+                             kv_heads * head_bytes, D, ntok * h_in, h_in, chunk[2] - chunk[1] + t0,
+                             kv_type};
             prefill_unit(&u, scale, softcap, window, out + (tok * heads + h0) * D, heads * D,
                          scratch);
         }
@@ -717,19 +917,28 @@ void axon_act_and_mul(const float *x, int64_t ldx, float *out, int64_t tokens, i
 
 /* ---- the KV cache write ------------------------------------------------------------------- */
 
-/* k_cache[slots[t]] = k[t] and v_cache[slots[t]] = v[t]; rows of `width` values, k / v token
- * rows ldk / ldv floats apart; kv_f16: the caches hold float16 (rounded to nearest even). */
+/* k_cache[slots[t]] = k[t] and v_cache[slots[t]] = v[t]; rows of `heads` heads of head_dim
+ * values, k / v token rows ldk / ldv floats apart, in the caches' kv_type: float16 rounded to
+ * nearest even, q8_0 quantized per head (quantize_head). */
 void axon_cache_write(const float *k, int64_t ldk, const float *v, int64_t ldv,
-                      const int64_t *slots, int64_t tokens, int64_t width, void *k_cache,
-                      void *v_cache, int kv_f16) {
+                      const int64_t *slots, int64_t tokens, int64_t heads, int64_t head_dim,
+                      void *k_cache, void *v_cache, int kv_type) {
+    const int64_t width = heads * head_dim, head_bytes = kv_head_bytes(kv_type, head_dim);
+#pragma omp parallel for schedule(static) if (kv_type == KV_Q8 && tokens * width >= PARALLEL_FLOATS)
     for (int64_t t = 0; t < tokens; t++) {
-        const int64_t at = slots[t] * width;
-        if (!kv_f16) {
-            memcpy((float *)k_cache + at, k + t * ldk, width * sizeof(float));
-            memcpy((float *)v_cache + at, v + t * ldv, width * sizeof(float));
-            continue;
+        const int64_t at = slots[t] * heads * head_bytes;
+        if (kv_type == KV_F32) {
+            memcpy((char *)k_cache + at, k + t * ldk, width * sizeof(float));
+            memcpy((char *)v_cache + at, v + t * ldv, width * sizeof(float));
+        } else if (kv_type == KV_F16) {
+            narrow(k + t * ldk, (half *)((char *)k_cache + at), width);
+            narrow(v + t * ldv, (half *)((char *)v_cache + at), width);
+        } else {
+            for (int64_t h = 0; h < heads; h++) {
+                const int64_t to = at + h * head_bytes;
+                quantize_head(k + t * ldk + h * head_dim, (uint8_t *)k_cache + to, head_dim);
+                quantize_head(v + t * ldv + h * head_dim, (uint8_t *)v_cache + to, head_dim);
+            }
         }
-        narrow(k + t * ldk, (half *)k_cache + at, width);
-        narrow(v + t * ldv, (half *)v_cache + at, width);
     }
 }

@@ -18,6 +18,11 @@ from axon.kernels.abi import library
 # Work (multiply-adds) below which attention runs on one thread: waking a second costs more.
 PARALLEL_MIN_WORK = 1 << 18
 
+# A q8_0 KV cache's storage dtype (layers/kv_quant.py lays it out): its dtype names its type.
+Q8_0 = torch.uint8
+# The KV cache element types the kernels read and write -> cpu_ops.c's kv_type codes.
+KV_TYPES = {torch.float32: 0, torch.float16: 1, Q8_0: 2}
+
 
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the C path may run on these tensors (float32, CPU, library built)."""
@@ -27,9 +32,9 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 
 def cache_usable(cache: torch.Tensor) -> bool:
-    """Whether the C attention kernels read (and cache_write writes) this KV cache: float32 or
-    float16, on the CPU, library built."""
-    if cache.device.type != "cpu" or cache.dtype not in (torch.float32, torch.float16):
+    """Whether the C attention kernels read (and cache_write writes) this KV cache: float32,
+    float16 or q8_0, on the CPU, library built."""
+    if cache.device.type != "cpu" or cache.dtype not in KV_TYPES:
         return False
     return library() is not None
 
@@ -84,7 +89,7 @@ def rotary_table_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_
 
 def paged_decode_attention(
     q: torch.Tensor,  # [B, H, D]
-    k_cache: torch.Tensor,  # [slots, Hkv, D], float32 or float16
+    k_cache: torch.Tensor,  # [slots, Hkv, D] float32 or float16, or q8_0 [slots, Hkv, bytes]
     v_cache: torch.Tensor,
     key_slots: torch.Tensor,  # [B, C] int64, padded
     context_lens: torch.Tensor,  # [B] int64
@@ -106,16 +111,16 @@ def paged_decode_attention(
         key_slots.data_ptr(), width,
         context_lens.data_ptr(), batch, heads, k_cache.shape[1], head_dim, scale,
         softcap or 0.0, window or 0, out.data_ptr(), scratch.data_ptr(), threads,
-        int(k_cache.dtype == torch.float16),
+        KV_TYPES[k_cache.dtype],
     )  # fmt: skip
     if status:
-        raise MemoryError("paged_decode_attention: no memory for the float16 cache's rows")
+        raise MemoryError("paged_decode_attention: no memory for the cache's staging rows")
     return out
 
 
 def paged_prefill_attention(
     q: torch.Tensor,  # [T, H, D]
-    k_cache: torch.Tensor,  # [slots, Hkv, D], float32 or float16
+    k_cache: torch.Tensor,  # [slots, Hkv, D] float32 or float16, or q8_0 [slots, Hkv, bytes]
     v_cache: torch.Tensor,
     chunks: torch.Tensor,  # [N, 4] int64: query_start, query_len, context_len, slots offset
     slots: torch.Tensor,  # every chunk's key slots, concatenated
@@ -134,7 +139,7 @@ def paged_prefill_attention(
     status = library().axon_paged_prefill_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
         chunks.data_ptr(), chunks.shape[0], heads, k_cache.shape[1], head_dim, scale,
-        softcap or 0.0, window or 0, out.data_ptr(), threads, int(k_cache.dtype == torch.float16),
+        softcap or 0.0, window or 0, out.data_ptr(), threads, KV_TYPES[k_cache.dtype],
     )  # fmt: skip
     if status:
         raise MemoryError("paged_prefill_attention: no memory for a thread's scratch")
@@ -161,11 +166,12 @@ def cache_write(
     k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache
 ) -> None:
     """k_cache[slots] = k and v_cache[slots] = v for k / v [T, Hkv, D] (token rows may be
-    strided, each row contiguous); a float16 cache gets them rounded as .to(float16) would."""
-    tokens, width = k.shape[0], k.shape[1] * k.shape[2]
+    strided, each row contiguous); a float16 cache gets them rounded as .to(float16) would, a
+    q8_0 cache quantized as kv_quant.quantize_q8 would (the same bytes)."""
+    tokens, heads, head_dim = k.shape
     k, v = (t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous() for t in (k, v))
     slots = slots.contiguous()
     library().axon_cache_write(
-        k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slots.data_ptr(), tokens, width,
-        k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.float16),
+        k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slots.data_ptr(), tokens, heads,
+        head_dim, k_cache.data_ptr(), v_cache.data_ptr(), KV_TYPES[k_cache.dtype],
     )  # fmt: skip

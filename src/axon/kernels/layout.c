@@ -32,7 +32,7 @@ static const Field layer[] = {
     FIELD(Layer, input_norm), FIELD(Layer, attn_out_norm), FIELD(Layer, mlp_in_norm),
     FIELD(Layer, mlp_out_norm), FIELD(Layer, q_norm), FIELD(Layer, k_norm), FIELD(Layer, qkv_bias),
     FIELD(Layer, inv_freq), FIELD(Layer, k_cache), FIELD(Layer, v_cache), FIELD(Layer, qkv),
-    FIELD(Layer, o), FIELD(Layer, gate_up), FIELD(Layer, down), FIELD(Layer, kv_f16),
+    FIELD(Layer, o), FIELD(Layer, gate_up), FIELD(Layer, down), FIELD(Layer, kv_type),
 };
 static const Field experts[] = {
     FIELD(Experts, experts), FIELD(Experts, hidden), FIELD(Experts, inter), FIELD(Experts, types),

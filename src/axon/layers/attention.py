@@ -5,7 +5,8 @@ New K/V are written to the cache at `slot_mapping`; each query then attends to i
 keys gathered from the cache. GQA never repeats K/V: the query heads sharing a KV head are
 folded into the query-length axis, so a [Hkv, G*Q, D] x [Hkv, C, D] product does the work.
 The cache may hold another dtype than the model's (`kv_cache_dtype`, e.g. float16 on a float32
-model): K/V are rounded to it as written and widened back as read.
+model, or 8-bit q8_0: layers/kv_quant.py): K/V are rounded to it as written and widened back as
+read.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from axon.kernels import cpu_ops
+from axon.layers import kv_quant
 from axon.layers.forward_context import AttentionMetadata, get_forward_context
 
 
@@ -74,7 +76,8 @@ class Attention(nn.Module):
         self.scale = scale
         self.sliding_window = sliding_window
         self.logit_softcap = logit_softcap
-        self.k_cache = torch.empty(0)  # [num_blocks * block_size, Hkv, D], bound by the runner
+        # [num_blocks * block_size, Hkv, D] (q8_0: [.., Hkv, head bytes]), bound by the runner
+        self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -84,8 +87,8 @@ class Attention(nn.Module):
         if fast:
             cpu_ops.cache_write(k, v, meta.slot_mapping, self.k_cache, self.v_cache)
         else:
-            self.k_cache.index_copy_(0, meta.slot_mapping, k.to(self.k_cache.dtype))
-            self.v_cache.index_copy_(0, meta.slot_mapping, v.to(self.v_cache.dtype))
+            kv_quant.store(self.k_cache, meta.slot_mapping, k)
+            kv_quant.store(self.v_cache, meta.slot_mapping, v)
         if not meta.prefills:  # every row decodes: no gather of rows, no scatter back
             return self._decode(meta, q).reshape(q.shape[0], -1)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D]
@@ -107,8 +110,9 @@ class Attention(nn.Module):
         # Earlier chunks or a prefix hit, or a cache of another dtype (the keys as it rounded
         # them, as the decodes will see them): read the cache.
         if chunk.context_len > chunk.query_len or self.k_cache.dtype != k.dtype:
-            k = self.k_cache[chunk.key_slots].to(q.dtype)
-            v = self.v_cache[chunk.key_slots].to(q.dtype)
+            k = kv_quant.widen(self.k_cache[chunk.key_slots], self.head_dim, q.dtype)
+            v = kv_quant.widen(self.v_cache[chunk.key_slots], self.head_dim, q.dtype)
+            q = kv_quant.round_query(q, self.k_cache)
         query_len = chunk.query_len
         # [Q, H, D] -> [1, Hkv, G*Q, D]; query head h uses KV head h // G.
         qg = q.view(query_len, self.num_kv_heads, self.group, self.head_dim)
@@ -131,10 +135,12 @@ class Attention(nn.Module):
     def _decode_ref(self, meta: AttentionMetadata, q: torch.Tensor) -> torch.Tensor:
         """The reference twin: gather the keys, mask, SDPA."""
         batch = q.shape[0]
+        q = kv_quant.round_query(q, self.k_cache)
         qg = q.view(batch, self.num_kv_heads, self.group, self.head_dim)  # [Bd, Hkv, G, D]
         k = gather_slots(self.k_cache, meta.decode_key_slots, "k").transpose(1, 2)  # [Bd,Hkv,C,D]
         v = gather_slots(self.v_cache, meta.decode_key_slots, "v").transpose(1, 2)
-        k, v = k.to(q.dtype), v.to(q.dtype)  # a cache of another dtype (float16)
+        # a cache of another dtype (float16, q8_0)
+        k, v = (kv_quant.widen(t, self.head_dim, q.dtype) for t in (k, v))
         mask = meta.decode_mask(self.sliding_window)[:, None, None, :]  # [Bd, 1, 1, C]
         o = attend(qg, k, v, mask, self.scale, self.logit_softcap)
         return o.reshape(batch, self.num_heads, self.head_dim)

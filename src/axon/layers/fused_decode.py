@@ -195,7 +195,7 @@ def _build_spec(weights: DecodeWeights, attention_only: bool = False) -> Layer |
         k_norm=_ptr_of(attention.k_norm), qkv_bias=_ptr_of(attention.qkv, "bias"),
         inv_freq=rope.inv_freq.data_ptr(), k_cache=attn.k_cache.data_ptr(),
         v_cache=attn.v_cache.data_ptr(), qkv=_projection(prepared[0]),
-        o=_projection(prepared[1]), kv_f16=int(attn.k_cache.dtype == torch.float16),
+        o=_projection(prepared[1]), kv_type=cpu_ops.KV_TYPES[attn.k_cache.dtype],
     )  # fmt: skip
     if not attention_only:
         spec.gate_up, spec.down = _projection(prepared[2]), _projection(prepared[3])

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from axon.layers.kv_quant import cache_shape, head_bytes
+
 logger = logging.getLogger(__name__)
 
 _CPU_DEFAULT_CAP = 4 << 30  # a CPU default that leaves the host usable
@@ -56,7 +58,16 @@ class KVCachePlan:
 def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> int:
-    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+    """K and V of one token in every layer: a q8_0 cache (uint8) counts its scales."""
+    return 2 * num_layers * num_kv_heads * head_bytes(dtype, head_dim)
+
+
+def kv_cache_shape(
+    num_layers: int, num_tokens: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> tuple[int, ...]:
+    """The whole cache's shape: [2 (K, V), layers, tokens, Hkv, D], the last dim a q8_0 head's
+    bytes in a q8_0 (uint8) cache."""
+    return (2, num_layers, *cache_shape(dtype, num_tokens, num_kv_heads, head_dim))
 
 
 def available_memory(device: torch.device) -> int:

@@ -19,7 +19,7 @@ from axon.loader.pooling import resolve_task
 from axon.models.registry import get_model_class
 from axon.models.weights import load_weights
 from axon.runner import adaptive_threads, decode_batch, heap, host_memory, images, tensor_parallel
-from axon.runner.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache
+from axon.runner.memory import KVCachePlan, kv_bytes_per_token, kv_cache_shape, plan_kv_cache
 from axon.runner.prompt_logprobs import PromptRows, find_prompt_rows, score_prompt_rows
 from axon.sampling import Sampler
 from axon.sequence import ImageInputs, Sequence
@@ -140,7 +140,7 @@ class ModelRunner:
         )
         if self.config.tensor_parallel_size > 1:
             plan = tensor_parallel.agree_on_plan(plan)
-        shape = (2, len(layers), plan.num_tokens, num_kv_heads, head_dim)
+        shape = kv_cache_shape(len(layers), plan.num_tokens, num_kv_heads, head_dim, kv_dtype)
         # Zeroed, so padded (masked) key slots never hold NaN or inf; on the CPU zeroed page by
         # page as it fills, not seconds up front (host_memory).
         self.kv_cache = host_memory.zeros(shape, kv_dtype, self.device)
