@@ -161,6 +161,20 @@ def test_another_dtype_is_another_fingerprint(qwen3, tmp_path):
     assert len({path.parent for path in _files(tmp_path)}) == 2
 
 
+def test_a_q8_0_cache_restores_exactly(qwen3, tmp_path):
+    """The 8-bit cache's blocks (int8 values and their scales in one byte row) go to disk and
+    come back as they were: greedy output equals a cold q8_0 engine's."""
+    prompt = random_prompt(PROMPT_LENGTH, 11)
+    q8 = {"kv_cache_dtype": "q8_0"}
+    cold = _generate(LLM(**_kwargs(qwen3, enable_prefix_caching=False, **q8)), [prompt])
+    first = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path), **q8))
+    _generate(first, [prompt])
+    first.engine.disk_tier.flush()
+    restarted = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path), **q8))
+    assert _generate(restarted, [prompt]) == cold
+    assert restarted.get_stats()["prefix_disk_hits"] == PROMPT_LENGTH - 1
+
+
 def _not_writable(caplog, directory: Path) -> list:
     """The warnings that the store under `directory` stopped writing."""
     return [
