@@ -37,6 +37,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "activation_precision": ("int8", "int4"),
     "kv_cache_dtype": ("float16", "int8"),
     "adaptive_threads": (False, "maybe"),
+    "speculative_config": ({"method": "ngram", "num_speculative_tokens": 3}, {"method": "eagle"}),
     "served_model_name": ("alias", ""),
     "quant": ("Q4_K_M", 4),
     "revision": ("main", 4),
