@@ -86,6 +86,9 @@ class TokenUpdate(NamedTuple):
     # With the first token of a sample that asked for them: per prompt token, None for the first,
     # then (token_id, logprob, rank, top [(token_id, logprob)]) as TokenLogprobs' fields
     prompt_logprobs: list | None = None
+    # Speculative decoding: the sample's running totals of drafted and accepted draft tokens
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass

@@ -118,6 +118,8 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = self._chunk_size(seq, budget)
+            if seq.spec_token_ids:
+                num_new = self._fit_drafts(seq, budget)
             if not self._make_room(seq, num_new, out):
                 continue
             self._add_scheduled(seq, num_new, out)
@@ -127,6 +129,14 @@ class Scheduler:
     def _chunk_size(self, seq: Sequence, budget: int) -> int:
         """Tokens `seq` computes this step: the rest of it under `budget`."""
         return min(seq.num_tokens - seq.num_computed_tokens, budget)
+
+    def _fit_drafts(self, seq: Sequence, budget: int) -> int:
+        """Tokens a drafted decode computes: its last token and the drafts that fit the budget
+        and the free blocks (drafts never preempt anything: they are dropped first)."""
+        del seq.spec_token_ids[max(0, budget - 1) :]
+        if not self.block_manager.can_allocate(seq, 1 + len(seq.spec_token_ids)):
+            seq.spec_token_ids = []
+        return 1 + len(seq.spec_token_ids)
 
     def _add_scheduled(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
         """Schedule `num_new` tokens of `seq` (room checked, state slot taken)."""
@@ -241,6 +251,7 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.spec_token_ids = []
         self.running.remove(seq)
         self.block_manager.free(seq)
         self._release_slot(seq)
@@ -251,11 +262,17 @@ class Scheduler:
 
     # ---- after the step ---------------------------------------------------------------------
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: dict[int, int | list[int]]) -> list[Sequence]:
         """Advance the scheduled sequences; `sampled` maps seq_id -> new token for those that
-        reached their last token. Returns the sequences that finished this step."""
+        reached their last token (a drafted decode: its accepted tokens, the target's own one
+        last). Returns the sequences that finished this step."""
         finished = []
         for seq, num_new in out.scheduled:
+            token_id = sampled.get(seq.seq_id)
+            if isinstance(token_id, list):
+                if self._update_drafted(seq, token_id, out):
+                    finished.append(seq)
+                continue
             seq.num_computed_tokens += num_new
             seq.max_num_computed_tokens = max(seq.max_num_computed_tokens, seq.num_computed_tokens)
             self.block_manager.cache_full_blocks(seq)
@@ -265,7 +282,6 @@ class Scheduler:
                     self._finish(seq, FinishReason.STOP)  # pooled: no KV kept after the prompt
                     finished.append(seq)
                 continue
-            token_id = sampled.get(seq.seq_id)
             if token_id is None:
                 continue  # a prompt chunk that did not reach the end of the prompt
             if seq.num_output_tokens == 0:
@@ -277,11 +293,32 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
+    def _update_drafted(self, seq: Sequence, tokens: list[int], out: SchedulerOutput) -> bool:
+        """Advance a drafted decode by its accepted tokens (up to the first that ends it) and
+        roll the rest back: the KV of rejected drafts is past `num_computed_tokens` (its blocks
+        freed, never hashed). Returns whether `seq` finished."""
+        reason = None
+        for token_id in tokens:
+            seq.append_token(token_id)
+            reason = self._stop_reason(seq, token_id)
+            if reason is not None:
+                break
+        seq.spec_token_ids = []
+        seq.num_computed_tokens = seq.num_tokens - 1  # every token but the newest one
+        seq.max_num_computed_tokens = max(seq.max_num_computed_tokens, seq.num_computed_tokens)
+        self.block_manager.trim(seq)
+        self.block_manager.cache_full_blocks(seq)
+        self._store_snapshots(seq, out)
+        if reason is not None:
+            self._finish(seq, reason)
+        return reason is not None
+
     def _store_snapshots(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Key the snapshots the runner took of `seq` this step by the hash of the block that
-        ends at each (computed by `cache_full_blocks`), so prefix hits can find them."""
+        ends at each (computed by `cache_full_blocks`), so prefix hits can find them. One past
+        the computed tokens (inside rejected drafts) stays unstored: the next step frees it."""
         for slot, computed, index in out.state_saves:
-            if slot == seq.state_slot:
+            if slot == seq.state_slot and computed <= seq.num_computed_tokens:
                 block_hash = seq.block_hashes[computed // self.block_manager.block_size - 1]
                 self.state_slots.store_snapshot(block_hash, index)
 
