@@ -14,6 +14,9 @@ METHODS = ("ngram", "draft_model", "mtp")
 _DRAFT_MODEL_KEYS = ("model", "quant", "dtype", "activation_precision")
 _PRECISIONS = ("auto", "float32", "int8")
 _MAX_SPECULATIVE_TOKENS = 32
+# Running sequences above which none drafts (engine/speculation.py says why); a hybrid model
+# keeps k recurrent states per drafting sequence for the rollback.
+MAX_DRAFTING_SEQS = 4
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,15 @@ class SpeculativeConfig:
             else "the model's MTP head"
         )
         return f"speculative decoding: {self.method}, k={self.num_speculative_tokens} ({extra})"
+
+
+def draft_state_rows(config) -> int:
+    """Scratch recurrent-state rows a hybrid model needs for `config`'s drafts (an
+    EngineConfig): k per sequence that may draft in one step."""
+    spec = config.speculative_config
+    if spec is None:
+        return 0
+    return spec.num_speculative_tokens * min(config.max_num_seqs, MAX_DRAFTING_SEQS)
 
 
 def parse_text(text: str) -> dict[str, Any]:

@@ -103,11 +103,9 @@ class EngineCore:
             return None
         if self.task == "embed":
             raise ValueError("speculative_config applies to generation, not an embedding model")
-        if self.state_slots is not None:
-            raise ValueError(
-                "speculative_config: hybrid (Gated DeltaNet) models cannot speculate yet: their "
-                "recurrent state is not rolled back to the last accepted draft"
-            )
+        plan = self.runner.plan
+        if self.state_slots is not None:  # drafts' states after the snapshot pool
+            self.scheduler.use_draft_states(plan.num_state_snapshots, plan.num_draft_state_rows)
         speculator = Speculator(spec, make_drafter(self.config, self.runner), self.max_model_len)
         logger.info(
             "%s; drafts while at most %d sequences run", spec.describe(), speculator.max_seqs

@@ -53,6 +53,10 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_served = 0  # (sequence, tokens) pairs scheduled so far: a clock for fairness
+        # Hybrid models that speculate: scratch state indices hold the state after each draft;
+        # seq_id -> (seq, slot, index) of the one the next step restores (drafts rejected).
+        self.draft_state_base = self.num_draft_state_rows = self._draft_rows_taken = 0
+        self._draft_restores: dict[int, tuple[Sequence, int, int]] = {}
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -99,10 +103,25 @@ class Scheduler:
         if self.state_slots is not None:
             # Snapshot indices left unstored by a step that failed before its update: reuse them.
             self.state_slots.release_unstored()
+        self._draft_rows_taken = 0
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        self._restore_draft_states(out)
         return out
+
+    def use_draft_states(self, base: int, rows: int) -> None:
+        """Hybrid models that speculate: scratch state indices [base, base + rows)."""
+        self.draft_state_base, self.num_draft_state_rows = base, rows
+
+    def _restore_draft_states(self, out: SchedulerOutput) -> None:
+        """Roll back the recurrent state of sequences whose drafts were partly rejected: copy
+        the state after their last accepted token into their slot before this step (only while
+        they still run in that slot: a preempted or finished sequence's restore is dropped)."""
+        for seq, slot, index in self._draft_restores.values():
+            if seq.status == SequenceStatus.RUNNING and seq.state_slot == slot:
+                out.state_restores.append((slot, index))
+        self._draft_restores.clear()
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         # Decodes go before unfinished prompt chunks so a long prompt never starves them, those
@@ -134,6 +153,8 @@ class Scheduler:
         """Tokens a drafted decode computes: its last token and the drafts that fit the budget
         and the free blocks (drafts never preempt anything: they are dropped first)."""
         del seq.spec_token_ids[max(0, budget - 1) :]
+        if self.state_slots is not None:  # one scratch state row per draft
+            del seq.spec_token_ids[self.num_draft_state_rows - self._draft_rows_taken :]
         if not self.block_manager.can_allocate(seq, 1 + len(seq.spec_token_ids)):
             seq.spec_token_ids = []
         return 1 + len(seq.spec_token_ids)
@@ -141,7 +162,9 @@ class Scheduler:
     def _add_scheduled(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
         """Schedule `num_new` tokens of `seq` (room checked, state slot taken)."""
         self.block_manager.allocate(seq, num_new)
-        if self.snapshot_interval:
+        if seq.spec_token_ids and self.state_slots is not None:
+            self._plan_draft_states(seq, out)  # no prefix snapshot inside drafts
+        elif self.snapshot_interval:
             self._plan_snapshots(seq, num_new, out)
         self.num_served += 1
         seq.last_served = self.num_served
@@ -160,6 +183,14 @@ class Scheduler:
                 break
             saves.append((seq.state_slot, computed, index))
         out.state_saves.extend(reversed(saves))
+
+    def _plan_draft_states(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """A scratch state index for the state after each of `seq`'s drafts."""
+        start = seq.num_computed_tokens
+        for computed in range(start + 1, start + 1 + len(seq.spec_token_ids)):
+            index = self.draft_state_base + self._draft_rows_taken
+            self._draft_rows_taken += 1
+            out.draft_state_saves.append((seq.state_slot, computed, index))
 
     def _has_free_slot(self) -> bool:
         return self.state_slots is None or self.state_slots.num_free_slots > 0
@@ -308,7 +339,9 @@ class Scheduler:
         seq.max_num_computed_tokens = max(seq.max_num_computed_tokens, seq.num_computed_tokens)
         self.block_manager.trim(seq)
         self.block_manager.cache_full_blocks(seq)
-        self._store_snapshots(seq, out)
+        for slot, computed, index in out.draft_state_saves:
+            if slot == seq.state_slot and computed == seq.num_computed_tokens:
+                self._draft_restores[seq.seq_id] = (seq, slot, index)
         if reason is not None:
             self._finish(seq, reason)
         return reason is not None

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from axon.engine.drafting import Drafter
 from axon.sampling.penalties import has_penalty
 from axon.sequence import Sequence
-from axon.speculative_config import SpeculativeConfig
+from axon.speculative_config import MAX_DRAFTING_SEQS, SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +31,8 @@ _EWMA_WEIGHT = 0.3  # of the newest step's acceptance
 _MIN_ACCEPTANCE = 0.2  # a sequence accepting less stops drafting for a while
 _PAUSE_STEPS = 16  # steps without drafts before it tries again
 # Running sequences above which nobody drafts. On a CPU a verify row costs about what a prompt
-# row does once the step is compute-bound: measured on the demo model (docs/performance.md),
-# one stream's step of 1 + 4 tokens costs ~1.3x a decode, 8 streams' ~3x.
-DEFAULT_MAX_SEQS = 4
+# row does once the step is compute-bound (docs/performance.md has the measurement).
+DEFAULT_MAX_SEQS = MAX_DRAFTING_SEQS
 
 
 @dataclass
@@ -100,9 +99,11 @@ class Speculator:
             limit = min(limit, max_tokens - seq.num_output_tokens - 1)
         return max(0, limit)
 
-    def accept(self, seq: Sequence, row_tokens: list[int]) -> int:
-        """How many of `seq`'s drafts the sampled `row_tokens` (one per row, 1 + drafts) accept:
-        the tokens kept are row_tokens[: accepted + 1]. Updates the statistics."""
+    def accept(self, seq: Sequence, row_tokens: list[int]) -> list[int]:
+        """The tokens `seq` keeps from its drafts and the sampled `row_tokens` (one per row,
+        1 + drafts): the drafts while each equals the target's token at its row, then the
+        target's own token at the first row that differs (or past the last draft). Updates the
+        statistics."""
         drafts = seq.spec_token_ids
         accepted = 0
         while accepted < len(drafts) and row_tokens[accepted] == drafts[accepted]:
@@ -115,7 +116,7 @@ class Speculator:
         seq.num_draft_tokens += len(drafts)
         seq.num_accepted_tokens += accepted
         self._observe(seq.seq_id, accepted / len(drafts))
-        return accepted
+        return [*drafts[:accepted], row_tokens[accepted]]
 
     def _observe(self, seq_id: int, rate: float) -> None:
         state = self._acceptance.setdefault(seq_id, _Acceptance())
@@ -170,9 +171,9 @@ def verify_rows(speculator: Speculator, seqs: list[Sequence], offsets: list[int]
             if lps[0] is not None:
                 logprobs[seq.seq_id] = lps[0]
         else:
-            kept = speculator.accept(seq, result.token_ids[row:end]) + 1
-            sampled[seq.seq_id] = result.token_ids[row : row + kept]
+            kept = speculator.accept(seq, result.token_ids[row:end])
+            sampled[seq.seq_id] = kept
             if lps[0] is not None:
-                logprobs[seq.seq_id] = lps[:kept]
+                logprobs[seq.seq_id] = lps[: len(kept)]
         row = end
     return sampled, logprobs

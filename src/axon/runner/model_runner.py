@@ -154,8 +154,9 @@ class ModelRunner:
 
     def _allocate_state_slots(self) -> None:
         """Per GDN layer: rows [0, slots) are the running sequences' states, the rows after
-        them the snapshot pool."""
-        rows = self.plan.num_state_slots + self.plan.num_state_snapshots
+        them the snapshot pool, then the drafts' scratch rows (speculative decoding)."""
+        plan = self.plan
+        rows = plan.num_state_slots + plan.num_state_snapshots + plan.num_draft_state_rows
         for layer in self._gdn_layers():
             conv, recurrent = layer.state_shapes()
             layer.conv_state = torch.zeros(rows, *conv, dtype=self.dtype, device=self.device)
@@ -191,7 +192,7 @@ class ModelRunner:
     def _snapshot_rows(self, out: SchedulerOutput) -> dict[int, list[tuple[int, int]]]:
         """State slot -> [(computed tokens, state row)] of the snapshots due this step."""
         rows: dict[int, list[tuple[int, int]]] = {}
-        for slot, computed, index in out.state_saves:
+        for slot, computed, index in (*out.state_saves, *out.draft_state_saves):
             rows.setdefault(slot, []).append((computed, self.plan.num_state_slots + index))
         return rows
 
