@@ -293,3 +293,18 @@ def test_hybrid_qwen3_5_is_exact(tiny_model_root):
     new_drafted, new_accepted = _spec_stats(spec)
     assert new_accepted > accepted and new_drafted - drafted > new_accepted - accepted
     assert spec.engine.stats()["state_snapshot_restores"] > 0
+
+
+def test_tensor_parallel_drafts_are_exact(tiny_model_root):
+    """TP=2 (a real rank-1 process): the verify rows are one more flat batch to the ranks."""
+    tiny = get_tiny_model("qwen3", tiny_model_root)
+    kwargs = engine_kwargs(tiny, block_size=4, max_num_batched_tokens=16)
+    prompts = _repeating_prompts(seed=10)
+    reference = LLM(**kwargs).generate(_requests(prompts), GREEDY)
+    pair = LLM(**kwargs, tensor_parallel_size=2, speculative_config=NGRAM)
+    try:
+        _use_oracle(pair, reference)
+        assert _tokens(pair.generate(_requests(prompts), GREEDY)) == _tokens(reference)
+        assert _spec_stats(pair)[1] > 0
+    finally:
+        pair.engine.close()

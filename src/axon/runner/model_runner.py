@@ -242,7 +242,7 @@ class ModelRunner:
             [(base + index, slot) for slot, index in out.state_restores],
             end_saves,
             prompt=find_prompt_rows(out, self.device),
-            sample_offsets=offsets if len(offsets) > len(out.scheduled) else None,
+            sample_offsets=offsets if any(offsets) else None,
         )
         images.add_images(batch, out, self.encode_images, self.workers is not None)
         return batch
