@@ -14,8 +14,8 @@ METHODS = ("ngram", "draft_model", "mtp")
 _DRAFT_MODEL_KEYS = ("model", "quant", "dtype", "activation_precision")
 _PRECISIONS = ("auto", "float32", "int8")
 _MAX_SPECULATIVE_TOKENS = 32
-# Running sequences above which none drafts (engine/speculation.py says why); a hybrid model
-# keeps k recurrent states per drafting sequence for the rollback.
+# A hybrid model keeps k recurrent states per drafting sequence for the rollback, for at most
+# this many sequences a step (more sequences verify no drafts in that step).
 MAX_DRAFTING_SEQS = 4
 
 

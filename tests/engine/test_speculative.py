@@ -191,7 +191,8 @@ def test_preemption_with_drafts_is_exact(tiny_model_root):
     prompts = random_prompts((20, 17, 22, 15), seed=6)
     reference = LLM(**kwargs).generate(_requests(prompts), GREEDY)
     spec = LLM(**kwargs, speculative_config=NGRAM)
-    spec.engine.speculator.max_seqs = 8  # draft for every running sequence
+    spec.engine.speculator.max_seqs = 8  # draft for every running sequence, at every step
+    spec.engine.speculator.row_cost = 0.0
     _use_oracle(spec, reference)
     assert _tokens(spec.generate(_requests(prompts), GREEDY)) == _tokens(reference)
     stats = spec.engine.stats()
@@ -262,6 +263,7 @@ def test_sampling_keeps_the_target_distribution(small_vocab_model):
     base = _histogram(LLM(**kwargs), first_seed=0)
     spec = LLM(**kwargs, speculative_config=NGRAM)
     spec.engine.speculator.max_seqs = 64  # draft at every step, however many run
+    spec.engine.speculator.row_cost = 0.0
     drafted = _histogram(spec, first_seed=100_000)  # other seeds: independent samples
     stats = spec.engine.stats()
     assert stats["spec_num_accepted_tokens"] > 0.1 * stats["spec_num_draft_tokens"] > 0

@@ -108,7 +108,10 @@ class EngineCore:
             self.scheduler.use_draft_states(plan.num_state_snapshots, plan.num_draft_state_rows)
         speculator = Speculator(spec, make_drafter(self.config, self.runner), self.max_model_len)
         logger.info(
-            "%s; drafts while at most %d sequences run", spec.describe(), speculator.max_seqs
+            "%s; a sequence drafts while its acceptance pays for the verify rows, at most %d "
+            "running",
+            spec.describe(),
+            speculator.max_seqs,
         )
         return speculator
 

@@ -9,10 +9,15 @@ before it: the first mismatch is the target's own token. For a one-hot proposal 
 is the standard accept / resample rule, and the tokens are the ones the engine without drafts
 would have sampled, greedy and seeded alike.
 
-Adaptive: a sequence's acceptance is an EWMA of accepted / drafted; below `_MIN_ACCEPTANCE` it
-stops drafting for `_PAUSE_STEPS` steps and then tries again. No sequence drafts when more than
-`max_seqs` are running: verifying k extra tokens per sequence pays only while a step's cost is
-the weight read (few streams), not its compute.
+Adaptive: a draft pays when its expected accepted tokens cost less than the tokens the step
+makes anyway. On the CPU (the demo GGUFs, 2 threads, measured interleaved) one step's forward
+costs about 1 + ROW_COST * (T - 1) decode steps for T rows, ROW_COST 0.15-0.3 (float32 or int8
+activations alike, the fused decode path no faster than the general one at T = 1): the weights
+are read once a step, every row adds its compute. With B sequences running a token costs
+(1 + ROW_COST (B - 1)) / B and a draft token ROW_COST / acceptance, so a sequence drafts while
+the EWMA of its acceptance (accepted / drafted) exceeds ROW_COST B / (1 + ROW_COST (B - 1)):
+0.25 alone, 0.57 with 4 running, 0.84 with 16. Below it, it pauses `_PAUSE_STEPS` steps and then
+tries again; above `max_seqs` running sequences nobody drafts.
 """
 
 from __future__ import annotations
@@ -23,16 +28,19 @@ from dataclasses import dataclass
 from axon.engine.drafting import Drafter
 from axon.sampling.penalties import has_penalty
 from axon.sequence import Sequence
-from axon.speculative_config import MAX_DRAFTING_SEQS, SpeculativeConfig
+from axon.speculative_config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
 _EWMA_WEIGHT = 0.3  # of the newest step's acceptance
-_MIN_ACCEPTANCE = 0.2  # a sequence accepting less stops drafting for a while
-_PAUSE_STEPS = 16  # steps without drafts before it tries again
-# Running sequences above which nobody drafts. On a CPU a verify row costs about what a prompt
-# row does once the step is compute-bound (docs/performance.md has the measurement).
-DEFAULT_MAX_SEQS = MAX_DRAFTING_SEQS
+ROW_COST = 0.25  # one more row of a step, in decode steps (measured: see above)
+_PAUSE_STEPS = 16  # steps without drafts before a paused sequence tries again
+DEFAULT_MAX_SEQS = 16  # where drafts would need 84% acceptance to pay
+
+
+def min_acceptance(num_running: int, row_cost: float = ROW_COST) -> float:
+    """The acceptance above which a draft pays with `num_running` sequences in the step."""
+    return row_cost * num_running / (1 + row_cost * (num_running - 1))
 
 
 @dataclass
@@ -56,6 +64,8 @@ class Speculator:
         self.max_model_len = max_model_len
         self.max_seqs = max_seqs
         self.num_steps = 0
+        self.row_cost = ROW_COST
+        self._required = min_acceptance(1)
         self._acceptance: dict[int, _Acceptance] = {}
         # vLLM's spec_decode counters: drafts (sequences that drafted, per step), their tokens,
         # the accepted ones, and how often the i-th draft token was accepted.
@@ -71,6 +81,7 @@ class Speculator:
             seq.spec_token_ids = []
         if len(running) > self.max_seqs:
             return
+        self._required = min_acceptance(len(running), self.row_cost)
         seqs = [seq for seq in running if self._may_draft(seq)]
         limits = [self._limit(seq) for seq in seqs]
         seqs, limits = [s for s, n in zip(seqs, limits) if n], [n for n in limits if n]
@@ -121,9 +132,9 @@ class Speculator:
     def _observe(self, seq_id: int, rate: float) -> None:
         state = self._acceptance.setdefault(seq_id, _Acceptance())
         state.rate += _EWMA_WEIGHT * (rate - state.rate)
-        if state.rate < _MIN_ACCEPTANCE:
+        if state.rate < self._required:
             state.paused_until = self.num_steps + _PAUSE_STEPS
-            state.rate = _MIN_ACCEPTANCE  # tried again later from the threshold, not below it
+            state.rate = self._required  # tried again later from the threshold, not below it
 
     def release(self, seqs: list[Sequence]) -> None:
         """Forget finished, aborted or preempted sequences."""
