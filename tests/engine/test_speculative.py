@@ -310,3 +310,9 @@ def test_tensor_parallel_drafts_are_exact(tiny_model_root):
         assert _spec_stats(pair)[1] > 0
     finally:
         pair.engine.close()
+
+
+def test_mtp_without_mtp_weights_is_a_load_error_that_says_why(tiny_model_root):
+    tiny = get_tiny_model("qwen3", tiny_model_root)
+    with pytest.raises(ValueError, match="mtp.* weights"):
+        LLM(**engine_kwargs(tiny), speculative_config={"method": "mtp", "num_speculative_tokens": 1})
