@@ -9,11 +9,15 @@ every other draft, so that every step sees accepted and rejected drafts alike.""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from transformers import LlamaForCausalLM, Qwen3MoeForCausalLM
 
 from axon import LLM, SamplingParams
+from axon.config import EngineConfig
+from axon.engine.client import EngineClient
 from tests.model.qwen3_5_tiny import cache_bytes, get_qwen3_5, qwen3_5_engine_kwargs
 from tests.model.test_moe import write_moe
 from tests.model.tiny_models import (
@@ -314,5 +318,31 @@ def test_tensor_parallel_drafts_are_exact(tiny_model_root):
 
 def test_mtp_without_mtp_weights_is_a_load_error_that_says_why(tiny_model_root):
     tiny = get_tiny_model("qwen3", tiny_model_root)
+    mtp = {"method": "mtp", "num_speculative_tokens": 1}
     with pytest.raises(ValueError, match="mtp.* weights"):
-        LLM(**engine_kwargs(tiny), speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+        LLM(**engine_kwargs(tiny), speculative_config=mtp)
+
+
+def test_engine_process_streams_every_accepted_token(tiny_model_root):
+    """Through the engine process and its pipe: one update per kept token, the running
+    totals on each, the statistics in the `stats` reply."""
+    tiny = get_tiny_model("qwen3", tiny_model_root)  # its greedy answers repeat themselves
+    kwargs = engine_kwargs(tiny, block_size=4)
+    prompt = _repeating_prompts(seed=11)[0]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    (expected,) = LLM(**kwargs).generate(_requests([prompt]), params)
+    model = kwargs.pop("model")
+    config = EngineConfig.from_kwargs(model, speculative_config=NGRAM, **kwargs)
+
+    async def main():
+        client = await EngineClient.start(config)
+        try:
+            updates = [u async for u in client.generate("r", prompt, params)]
+            return updates, await client.call("stats")
+        finally:
+            await client.shutdown()
+
+    updates, stats = asyncio.run(main())
+    assert [u.token_id for u in updates] == expected.outputs[0].token_ids
+    assert updates[-1].num_accepted_tokens == stats["spec_num_accepted_tokens"] > 0
+    assert updates[-1].num_draft_tokens == stats["spec_num_draft_tokens"]
