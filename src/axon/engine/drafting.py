@@ -38,7 +38,10 @@ def make_drafter(config: EngineConfig, runner: ModelRunner) -> Drafter:
     if spec.method == "draft_model":
         # By name: the draft model's drafter is built apart from this module (and loads a
         # second model's stack only when asked for).
-        drafter_model = importlib.import_module("axon.engine.drafter_model")
+        try:
+            drafter_model = importlib.import_module("axon.engine.drafter_model")
+        except ModuleNotFoundError:
+            raise ValueError("speculative_config.method draft_model is not in this build") from None
         return drafter_model.DraftModelDrafter(config, runner)
     raise ValueError(
         f"speculative_config.method mtp needs the model's MTP weights (mtp.*), and "
