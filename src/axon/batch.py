@@ -17,6 +17,10 @@ class SchedulerOutput:
     # ... and (state slot, computed tokens, snapshot index): the slot's state once that many of
     # its sequence's tokens are computed, captured during the step, inside a chunk or at its end.
     state_saves: list[tuple[int, int, int]] = field(default_factory=list)
+    # Speculative decoding on hybrid models: (state slot, computed tokens, scratch index) after
+    # each draft, captured like the saves above; the accepted one is restored into the slot by
+    # the next step's `state_restores`. Never a prefix snapshot.
+    draft_state_saves: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # torch loads where a device is touched: the HTTP process never needs it
     import torch
 
+from axon import speculative_config
 from axon.settings import DTYPE_NAMES, LLM, engine_kwargs, select
 
 _FIELDS = [s for s in select(LLM) if s.to_engine is None]  # the rest stand for fields
@@ -34,7 +35,12 @@ class _EngineConfigBase:
     def __post_init__(self) -> None:
         for setting in _FIELDS:  # each value in its setting's type, or a ValueError
             value = getattr(self, setting.name)
+            if isinstance(value, speculative_config.SpeculativeConfig):
+                value = value.as_dict()
             object.__setattr__(self, setting.name, setting.convert(value))
+        # Held parsed (a `replace` hands the parsed object back in: as_dict first).
+        spec = speculative_config.parse(self.speculative_config)
+        object.__setattr__(self, "speculative_config", spec)
         check = functools.partial(_check, self)
         check(0 <= self.node_rank < self.nnodes, "node_rank", f"must be in [0, {self.nnodes})")
         check(

@@ -105,6 +105,11 @@ class Sequence:
         # Embedding requests: "last" or "mean" pools the prompt's final hidden states into the
         # sequence's output instead of sampling; it finishes when its prompt is computed.
         self.pooling: str | None = None
+        # Speculative decoding: the drafts this step verifies after the last token (k extra
+        # query tokens of its decode), and the running totals of drafted and accepted tokens.
+        self.spec_token_ids: list[int] = []
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -146,6 +151,13 @@ class Sequence:
         start = max(self.num_computed_tokens, self.max_num_computed_tokens)
         end = min(self.num_computed_tokens + num_new, self.num_prompt_tokens)
         return max(0, end - start)
+
+    def scheduled_token_ids(self, start: int, end: int) -> list[int]:
+        """The tokens at positions [start, end) of this step's input: past the last token come
+        the drafts to verify."""
+        if end <= len(self.token_ids) or not self.spec_token_ids:
+            return self.token_ids[start:end]
+        return (self.token_ids + self.spec_token_ids)[start:end]
 
     def block_token_ids(self, block_index: int, block_size: int) -> list[int]:
         start = block_index * block_size

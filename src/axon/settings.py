@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
+from axon import speculative_config
 from axon.setting import (
     DTYPE_NAMES,
     DTYPES,
@@ -145,6 +146,13 @@ TABLE: tuple[Setting, ...] = (
     Setting("adaptive_threads", bool, True, "CPU: run n or n - 1 OpenMP threads, whichever "
             "steps faster (a core busy with another process); OMP_NUM_THREADS turns it off",
             EVERYWHERE),
+    Setting("speculative_config", dict, None, "speculative decoding, vLLM's object: "
+            '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, '
+            '"prompt_lookup_max": 4}; draft_model takes "model" (and its "quant", "dtype"); mtp '
+            "a checkpoint's MTP head (JSON, or key=value pairs)", EVERYWHERE,
+            speculative_config.check, "must be a speculative config",
+            parse=speculative_config.parse_text, annotation=dict[str, Any],
+            metavar="JSON"),
     # ---- one model: what `axon serve MODEL` and a load spec name ------------------------------
     Setting("served_model_name", str, None, "the id MODEL is served under", _MODEL,
             _not_empty, "must not be empty"),

@@ -41,6 +41,7 @@ FLOORS: list[tuple[str, ...]] = [
         "sequence",
         "batch",
         "sampling_params",
+        "speculative_config",
         "outputs",
         "cache_dir",
         "demo",

@@ -39,6 +39,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "prefix_cache_dir": ("/var/cache/axon-prefix", ""),
     "prefix_cache_disk_size": ("10G", "lots"),
     "adaptive_threads": (False, "maybe"),
+    "speculative_config": ({"method": "ngram", "num_speculative_tokens": 3}, {"method": "eagle"}),
     "served_model_name": ("alias", ""),
     "quant": ("Q4_K_M", 4),
     "revision": ("main", 4),

@@ -135,6 +135,13 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past those holding `seq`'s computed tokens (speculative
+        decoding: blocks allocated for drafts that were rejected)."""
+        needed = (seq.num_computed_tokens + self.block_size - 1) // self.block_size
+        while len(seq.block_table) > needed:
+            self._release(seq.block_table.pop())
+
     def fork(self, parent: Sequence, child: Sequence, num_tokens: int) -> None:
         """Let `child` share the parent's first `num_tokens // block_size` full blocks."""
         num_shared = num_tokens // self.block_size

@@ -14,8 +14,10 @@ from axon.cache.block_manager import BlockManager
 from axon.cache.state_slots import StateSlotManager
 from axon.config import EngineConfig
 from axon.engine.disk_tier import DiskTier
+from axon.engine.drafting import make_drafter
 from axon.engine.pooler import Pooler
 from axon.engine.scheduler import Scheduler
+from axon.engine.speculation import Speculator, empty_stats, verify_rows
 from axon.loader.pooling import load_pooling_config, resolve_task
 from axon.outputs import TokenUpdate
 from axon.runner.model_runner import ModelRunner
@@ -94,6 +96,27 @@ class EngineCore:
         self.requests: dict[str, list[Sequence]] = {}  # unfinished requests' sequences
         # The requests of the step in progress: what a failed step fails (and no more).
         self.step_request_ids: set[str] = set()
+        self.speculator = self._make_speculator()
+
+    def _make_speculator(self) -> Speculator | None:
+        """Speculative decoding's drafter and verifier, when the config asks for it. Raises
+        ValueError when the model cannot use the method."""
+        spec = self.config.speculative_config
+        if spec is None:
+            return None
+        if self.task == "embed":
+            raise ValueError("speculative_config applies to generation, not an embedding model")
+        plan = self.runner.plan
+        if self.state_slots is not None:  # drafts' states after the snapshot pool
+            self.scheduler.use_draft_states(plan.num_state_snapshots, plan.num_draft_state_rows)
+        speculator = Speculator(spec, make_drafter(self.config, self.runner), self.max_model_len)
+        logger.info(
+            "%s; a sequence drafts while its acceptance pays for the verify rows, at most %d "
+            "running",
+            spec.describe(),
+            speculator.max_seqs,
+        )
+        return speculator
 
     # ---- commands ---------------------------------------------------------------------------
 
@@ -146,6 +169,8 @@ class EngineCore:
     def abort(self, request_ids: list[str] | set[str]) -> list[Sequence]:
         """Finish these requests now, freeing their blocks; unknown ids are ignored."""
         aborted = self.scheduler.abort(set(request_ids))
+        if self.speculator is not None:
+            self.speculator.release(aborted)
         for seq in aborted:
             self._prompt_logprobs.pop(seq.seq_id, None)
         if self.pooler is not None:
@@ -183,6 +208,8 @@ class EngineCore:
         tier = self.disk_tier
         if tier is not None:
             tier.prefetch(self.scheduler.waiting, self.scheduler.num_running)
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         filled = tier.mark(out) if tier is not None else None
         self.step_request_ids = {seq.request_id for seq, _ in out.scheduled}
@@ -198,19 +225,54 @@ class EngineCore:
             return self._embed_step(out, batch, filled)
         logits = self.runner.forward_logits(batch)
         self._keep_prompt_logprobs(batch.prompt)
-        sampled, logprobs = self._sample(batch.sampling_seqs, logits)
+        sampled, logprobs = self._sample(batch.sampling_seqs, logits, batch.sample_offsets)
         self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)
-        finished = self.scheduler.update(out, sampled)
+        if batch.sample_offsets is not None:
+            updates = self._finish_drafted_step(out, sampled, logprobs)
+        else:
+            updates = self._finish_step(out, sampled, logprobs)
         if tier is not None:
             tier.save(filled, out)
+        return updates
+
+    def _finish_step(self, out, sampled: dict, logprobs: dict) -> list[TokenUpdate]:
+        """A step without drafts: one update per scheduled sequence."""
+        finished = self.scheduler.update(out, sampled)
         self.num_generation_tokens += len(sampled)
         take = self._take_prompt_logprobs
         updates = [
             self._update_of(seq, sampled, logprobs, prompt_logprobs=take(seq, sampled))
             for seq, _ in out.scheduled
         ]
+        self._after_step(out, finished)
+        return updates
+
+    def _after_step(self, out, finished: list[Sequence]) -> None:
         for seq in finished:
             self._forget_if_done(seq.request_id)
+        if self.speculator is not None:
+            self.speculator.release([*finished, *out.preempted])
+
+    def _finish_drafted_step(self, out, sampled: dict, logprobs: dict) -> list[TokenUpdate]:
+        """A step with drafts: each drafted sequence gives one update per token it kept (the
+        finish reason on the last), the others one as usual."""
+        before = {seq.seq_id: seq.num_output_tokens for seq, _ in out.scheduled}
+        finished = self.scheduler.update(out, sampled)
+        take = self._take_prompt_logprobs
+        updates = []
+        for seq, _ in out.scheduled:
+            tokens = sampled.get(seq.seq_id)
+            if not isinstance(tokens, list):
+                self.num_generation_tokens += tokens is not None
+                updates.append(self._update_of(seq, sampled, logprobs, None, take(seq, sampled)))
+                continue
+            kept = seq.num_output_tokens - before[seq.seq_id]
+            self.num_generation_tokens += kept
+            lps = logprobs.get(seq.seq_id) or [None] * kept
+            for i in range(kept):
+                update = self._update_of(seq, {seq.seq_id: tokens[i]}, {seq.seq_id: lps[i]})
+                updates.append(update if i == kept - 1 else update._replace(finish_reason=None))
+        self._after_step(out, finished)
         return updates
 
     def _keep_prompt_logprobs(self, prompt: PromptRows | None) -> None:
@@ -267,16 +329,21 @@ class EngineCore:
             num_cached_tokens=seq.num_cached_tokens,
             embedding=embedding,
             prompt_logprobs=prompt_logprobs,
+            num_draft_tokens=seq.num_draft_tokens,
+            num_accepted_tokens=seq.num_accepted_tokens,
         )
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor):
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, offsets: list[int] | None):
+        """seq_id -> its token and its logprobs; a drafted sequence's: the list it accepts."""
         if not seqs:
             return {}, {}
         if self._captured_logits is not None:
             for seq, row in zip(seqs, logits):
                 self._captured_logits[seq.seq_id] = row.clone()
         vocab_size, device = self.runner.vocab_size, self.runner.device
-        meta = SamplingMetadata.from_sequences(seqs, vocab_size, device, self.penalty_counts)
+        meta = SamplingMetadata.from_sequences(
+            seqs, vocab_size, device, self.penalty_counts, offsets
+        )
         grammars = [seq.grammar for seq in seqs]
         has_grammar = any(g is not None for g in grammars)
         if has_grammar:
@@ -287,6 +354,8 @@ class EngineCore:
         for seq, token_id in zip(seqs, result.token_ids):
             if seq.thinking_budget is not None:
                 seq.thinking_budget.advance(token_id)
+        if offsets is not None:
+            return verify_rows(self.speculator, seqs, offsets, result)
         sampled = {seq.seq_id: tok for seq, tok in zip(seqs, result.token_ids)}
         logprobs = {seq.seq_id: lp for seq, lp in zip(seqs, result.logprobs) if lp is not None}
         return sampled, logprobs
@@ -341,4 +410,5 @@ class EngineCore:
             "num_generation_tokens": self.num_generation_tokens,
             "state_snapshot_restores": self.state_slots.num_restores if self.state_slots else 0,
             **(self.disk_tier.stats() if self.disk_tier is not None else {}),
+            **(self.speculator.stats() if self.speculator is not None else empty_stats()),
         }

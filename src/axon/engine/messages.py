@@ -23,6 +23,7 @@ From the engine, while it loads:
 then, until it exits:
 
     Updates(updates)             one step's TokenUpdates, one per sample the step scheduled
+                                 (several for a sample whose drafts were accepted: one a token)
     Failed(request_ids, error, refused)
                                  these requests end with this error; nothing more comes for them
                                  (refused: the request itself was invalid for this engine)

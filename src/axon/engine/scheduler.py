@@ -53,6 +53,10 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_served = 0  # (sequence, tokens) pairs scheduled so far: a clock for fairness
+        # Hybrid models that speculate: scratch state indices hold the state after each draft;
+        # seq_id -> (seq, slot, index) of the one the next step restores (drafts rejected).
+        self.draft_state_base = self.num_draft_state_rows = self._draft_rows_taken = 0
+        self._draft_restores: dict[int, tuple[Sequence, int, int]] = {}
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -99,10 +103,25 @@ class Scheduler:
         if self.state_slots is not None:
             # Snapshot indices left unstored by a step that failed before its update: reuse them.
             self.state_slots.release_unstored()
+        self._draft_rows_taken = 0
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        self._restore_draft_states(out)
         return out
+
+    def use_draft_states(self, base: int, rows: int) -> None:
+        """Hybrid models that speculate: scratch state indices [base, base + rows)."""
+        self.draft_state_base, self.num_draft_state_rows = base, rows
+
+    def _restore_draft_states(self, out: SchedulerOutput) -> None:
+        """Roll back the recurrent state of sequences whose drafts were partly rejected: copy
+        the state after their last accepted token into their slot before this step (only while
+        they still run in that slot: a preempted or finished sequence's restore is dropped)."""
+        for seq, slot, index in self._draft_restores.values():
+            if seq.status == SequenceStatus.RUNNING and seq.state_slot == slot:
+                out.state_restores.append((slot, index))
+        self._draft_restores.clear()
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         # Decodes go before unfinished prompt chunks so a long prompt never starves them, those
@@ -118,6 +137,8 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = self._chunk_size(seq, budget)
+            if seq.spec_token_ids:
+                num_new = self._fit_drafts(seq, budget)
             if not self._make_room(seq, num_new, out):
                 continue
             self._add_scheduled(seq, num_new, out)
@@ -128,10 +149,22 @@ class Scheduler:
         """Tokens `seq` computes this step: the rest of it under `budget`."""
         return min(seq.num_tokens - seq.num_computed_tokens, budget)
 
+    def _fit_drafts(self, seq: Sequence, budget: int) -> int:
+        """Tokens a drafted decode computes: its last token and the drafts that fit the budget
+        and the free blocks (drafts never preempt anything: they are dropped first)."""
+        del seq.spec_token_ids[max(0, budget - 1) :]
+        if self.state_slots is not None:  # one scratch state row per draft
+            del seq.spec_token_ids[self.num_draft_state_rows - self._draft_rows_taken :]
+        if not self.block_manager.can_allocate(seq, 1 + len(seq.spec_token_ids)):
+            seq.spec_token_ids = []
+        return 1 + len(seq.spec_token_ids)
+
     def _add_scheduled(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
         """Schedule `num_new` tokens of `seq` (room checked, state slot taken)."""
         self.block_manager.allocate(seq, num_new)
-        if self.snapshot_interval:
+        if seq.spec_token_ids and self.state_slots is not None:
+            self._plan_draft_states(seq, out)  # no prefix snapshot inside drafts
+        elif self.snapshot_interval:
             self._plan_snapshots(seq, num_new, out)
         self.num_served += 1
         seq.last_served = self.num_served
@@ -150,6 +183,14 @@ class Scheduler:
                 break
             saves.append((seq.state_slot, computed, index))
         out.state_saves.extend(reversed(saves))
+
+    def _plan_draft_states(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """A scratch state index for the state after each of `seq`'s drafts."""
+        start = seq.num_computed_tokens
+        for computed in range(start + 1, start + 1 + len(seq.spec_token_ids)):
+            index = self.draft_state_base + self._draft_rows_taken
+            self._draft_rows_taken += 1
+            out.draft_state_saves.append((seq.state_slot, computed, index))
 
     def _has_free_slot(self) -> bool:
         return self.state_slots is None or self.state_slots.num_free_slots > 0
@@ -241,6 +282,7 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.spec_token_ids = []
         self.running.remove(seq)
         self.block_manager.free(seq)
         self._release_slot(seq)
@@ -251,11 +293,17 @@ class Scheduler:
 
     # ---- after the step ---------------------------------------------------------------------
 
-    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: dict[int, int | list[int]]) -> list[Sequence]:
         """Advance the scheduled sequences; `sampled` maps seq_id -> new token for those that
-        reached their last token. Returns the sequences that finished this step."""
+        reached their last token (a drafted decode: its accepted tokens, the target's own one
+        last). Returns the sequences that finished this step."""
         finished = []
         for seq, num_new in out.scheduled:
+            token_id = sampled.get(seq.seq_id)
+            if isinstance(token_id, list):
+                if self._update_drafted(seq, token_id, out):
+                    finished.append(seq)
+                continue
             seq.num_computed_tokens += num_new
             seq.max_num_computed_tokens = max(seq.max_num_computed_tokens, seq.num_computed_tokens)
             self.block_manager.cache_full_blocks(seq)
@@ -265,7 +313,6 @@ class Scheduler:
                     self._finish(seq, FinishReason.STOP)  # pooled: no KV kept after the prompt
                     finished.append(seq)
                 continue
-            token_id = sampled.get(seq.seq_id)
             if token_id is None:
                 continue  # a prompt chunk that did not reach the end of the prompt
             if seq.num_output_tokens == 0:
@@ -277,11 +324,34 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
+    def _update_drafted(self, seq: Sequence, tokens: list[int], out: SchedulerOutput) -> bool:
+        """Advance a drafted decode by its accepted tokens (up to the first that ends it) and
+        roll the rest back: the KV of rejected drafts is past `num_computed_tokens` (its blocks
+        freed, never hashed). Returns whether `seq` finished."""
+        reason = None
+        for token_id in tokens:
+            seq.append_token(token_id)
+            reason = self._stop_reason(seq, token_id)
+            if reason is not None:
+                break
+        seq.spec_token_ids = []
+        seq.num_computed_tokens = seq.num_tokens - 1  # every token but the newest one
+        seq.max_num_computed_tokens = max(seq.max_num_computed_tokens, seq.num_computed_tokens)
+        self.block_manager.trim(seq)
+        self.block_manager.cache_full_blocks(seq)
+        for slot, computed, index in out.draft_state_saves:
+            if slot == seq.state_slot and computed == seq.num_computed_tokens:
+                self._draft_restores[seq.seq_id] = (seq, slot, index)
+        if reason is not None:
+            self._finish(seq, reason)
+        return reason is not None
+
     def _store_snapshots(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Key the snapshots the runner took of `seq` this step by the hash of the block that
-        ends at each (computed by `cache_full_blocks`), so prefix hits can find them."""
+        ends at each (computed by `cache_full_blocks`), so prefix hits can find them. One past
+        the computed tokens (inside rejected drafts) stays unstored: the next step frees it."""
         for slot, computed, index in out.state_saves:
-            if slot == seq.state_slot:
+            if slot == seq.state_slot and computed <= seq.num_computed_tokens:
                 block_hash = seq.block_hashes[computed // self.block_manager.block_size - 1]
                 self.state_slots.store_snapshot(block_hash, index)
 

@@ -75,3 +75,36 @@ def vision_reserve(model, config: EngineConfig) -> int:
     except FileNotFoundError:
         return 0  # no preprocessor: the server takes no images for this model
     return visual.activation_bytes(processor.max_patches)
+
+
+def add_images(batch, out: SchedulerOutput, encode_images, keep_takes: bool) -> None:
+    """When a chunk covers image-prompt tokens: give `batch` (a StepBatch) M-RoPE positions
+    [3, T] and those chunks' image rows and DeepStack features (the tower runs once per
+    request, `encode_images(pixels, grids, True)`); `keep_takes` (tensor parallelism) records
+    which tower rows each part took. Else leaves it as it is."""
+    chunks = image_chunks(out)
+    if not chunks:
+        return  # text and decodes only: 1-D positions, the fast path
+    device = batch.positions.device
+    positions = batch.positions.expand(3, -1).clone()  # text rows: three equal rows
+    rows, values, deepstack, takes = [], [], [], []
+    for seq, row, start, end in chunks:
+        inputs = seq.images
+        prompt_end = min(end, seq.num_prompt_tokens)
+        prompt_positions = inputs.positions[:, start:prompt_end]
+        positions[:, row : row + prompt_end - start] = prompt_positions.to(device)
+        for image_rows, taken in image_slices(inputs, row, start, end):
+            if inputs.embeds is None:
+                pixels, grids = inputs.pixel_values, inputs.grid_thw
+                inputs.embeds, inputs.deepstack = encode_images(pixels, grids, True)
+            rows.append(image_rows)
+            values.append(inputs.embeds[taken])
+            takes.append((inputs, taken))
+            if inputs.deepstack is not None:
+                deepstack.append(inputs.deepstack[:, taken])
+    batch.positions = positions
+    if rows:
+        batch.image_rows = torch.cat(rows).to(device)
+        batch.image_values = torch.cat(values)
+        batch.image_deepstack = torch.cat(deepstack, dim=1) if deepstack else None
+        batch.image_takes = takes if keep_takes else None

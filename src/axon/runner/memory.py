@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from axon.layers.kv_quant import cache_shape, head_bytes
+from axon.speculative_config import draft_state_rows
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ class KVCachePlan:
     state_bytes_per_slot: int = 0
     # Memory left out of the budget for the vision tower's activations on the largest image.
     reserved_bytes: int = 0
+    # Speculative decoding: scratch state rows, each a draft position's state until verified.
+    num_draft_state_rows: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -33,7 +36,8 @@ class KVCachePlan:
 
     @property
     def state_bytes(self) -> int:
-        return (self.num_state_slots + self.num_state_snapshots) * self.state_bytes_per_slot
+        rows = self.num_state_slots + self.num_state_snapshots + self.num_draft_state_rows
+        return rows * self.state_bytes_per_slot
 
     @property
     def total_bytes(self) -> int:
@@ -48,6 +52,7 @@ class KVCachePlan:
         if self.state_bytes_per_slot:
             text += (
                 f"; state: {self.num_state_slots} slots + {self.num_state_snapshots} snapshots "
+                f"+ {self.num_draft_state_rows} draft rows "
                 f"x {self.state_bytes_per_slot / 2**20:.2f} MiB"
             )
         if self.reserved_bytes:
@@ -122,7 +127,8 @@ def plan_kv_cache(
             f"max_model_len {config.max_model_len} exceeds the model's context {model_max_len}"
         )
     slots, snapshots = state_rows_of(config) if state_bytes_per_slot else (0, 0)
-    state_bytes = (slots + snapshots) * state_bytes_per_slot
+    draft_rows = draft_state_rows(config) if state_bytes_per_slot else 0
+    state_bytes = (slots + snapshots + draft_rows) * state_bytes_per_slot
     budget = _cache_budget(config, device, reserve_bytes) - state_bytes
     wanted_len = min(config.max_model_len or model_max_len, model_max_len)
     blocks_per_seq = -(-wanted_len // config.block_size)
@@ -140,7 +146,7 @@ def plan_kv_cache(
         )
     plan = KVCachePlan(
         num_blocks, config.block_size, bytes_per_token, max_model_len,
-        slots, snapshots, state_bytes_per_slot, reserve_bytes,
+        slots, snapshots, state_bytes_per_slot, reserve_bytes, draft_rows,
     )  # fmt: skip
     logger.info(plan.describe())
     return plan

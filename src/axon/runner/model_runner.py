@@ -48,6 +48,9 @@ class StepBatch:
     pool_segments: torch.Tensor | None = None
     samples_every_row: bool = False  # logits_indices is arange(T): no gather of rows needed
     prompt: PromptRows | None = None  # rows whose prompt logprobs are asked
+    # Speculative decoding: per sampled row, its output position past the sequence's next
+    # (0 but for a drafted decode's rows 1..k); None when no sequence drafted.
+    sample_offsets: list[int] | None = None
 
 
 class ModelRunner:
@@ -151,8 +154,9 @@ class ModelRunner:
 
     def _allocate_state_slots(self) -> None:
         """Per GDN layer: rows [0, slots) are the running sequences' states, the rows after
-        them the snapshot pool."""
-        rows = self.plan.num_state_slots + self.plan.num_state_snapshots
+        them the snapshot pool, then the drafts' scratch rows (speculative decoding)."""
+        plan = self.plan
+        rows = plan.num_state_slots + plan.num_state_snapshots + plan.num_draft_state_rows
         for layer in self._gdn_layers():
             conv, recurrent = layer.state_shapes()
             layer.conv_state = torch.zeros(rows, *conv, dtype=self.dtype, device=self.device)
@@ -188,7 +192,7 @@ class ModelRunner:
     def _snapshot_rows(self, out: SchedulerOutput) -> dict[int, list[tuple[int, int]]]:
         """State slot -> [(computed tokens, state row)] of the snapshots due this step."""
         rows: dict[int, list[tuple[int, int]]] = {}
-        for slot, computed, index in out.state_saves:
+        for slot, computed, index in (*out.state_saves, *out.draft_state_saves):
             rows.setdefault(slot, []).append((computed, self.plan.num_state_slots + index))
         return rows
 
@@ -197,12 +201,12 @@ class ModelRunner:
         if decode_batch.is_decode_only(out):
             return self._prepare_decodes(out)
         input_ids, positions, slots, prefills, decode_rows, decode_seqs = [], [], [], [], [], []
-        logits_indices, sampling_seqs, end_saves = [], [], []
+        logits_indices, sampling_seqs, offsets, end_saves = [], [], [], []
         snapshot_rows = self._snapshot_rows(out)
         for seq, num_new in out.scheduled:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
             row = len(input_ids)
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(seq.scheduled_token_ids(start, end))
             # Past an image prompt every M-RoPE row is index + delta: plain 1-D positions.
             delta = seq.images.mrope_delta if seq.images is not None else 0
             positions.extend(range(start + delta, end + delta))
@@ -217,9 +221,12 @@ class ModelRunner:
             else:
                 slots.append(self._slots(seq, start, end))
                 prefills.append(self._prefill_chunk(seq, row, start, end, saves))
-            if end == seq.num_tokens:
-                logits_indices.append(row + num_new - 1)
-                sampling_seqs.append(seq)
+            # Every row from the last token on samples: past it come drafts to verify, row i
+            # sampled as the output position i past the next.
+            first = row + seq.num_tokens - 1 - start
+            logits_indices.extend(range(first, row + num_new))
+            sampling_seqs.extend([seq] * (row + num_new - first))
+            offsets.extend(range(row + num_new - first))
         attn = AttentionMetadata(
             slot_mapping=self._slot_mapping(slots),
             prefills=prefills,
@@ -235,8 +242,9 @@ class ModelRunner:
             [(base + index, slot) for slot, index in out.state_restores],
             end_saves,
             prompt=find_prompt_rows(out, self.device),
+            sample_offsets=offsets if any(offsets) else None,
         )
-        self._add_images(batch, out)
+        images.add_images(batch, out, self.encode_images, self.workers is not None)
         return batch
 
     def _prepare_decodes(self, out: SchedulerOutput) -> StepBatch:
@@ -273,36 +281,6 @@ class ModelRunner:
             return encode_with_deepstack(pixel_values, grid_thw)
         embeds = self.model.encode_images(pixel_values, grid_thw)
         return (embeds, None) if with_deepstack else embeds
-
-    def _add_images(self, batch: StepBatch, out: SchedulerOutput) -> None:
-        """When a chunk covers image-prompt tokens: give `batch` M-RoPE positions [3, T] and
-        those chunks' image rows and DeepStack features (the tower runs once per request).
-        Else leaves it as it is."""
-        chunks = images.image_chunks(out)
-        if not chunks:
-            return  # text and decodes only: 1-D positions, the fast path
-        positions = batch.positions.expand(3, -1).clone()  # text rows: three equal rows
-        rows, values, deepstack, takes = [], [], [], []
-        for seq, row, start, end in chunks:
-            inputs = seq.images
-            prompt_end = min(end, seq.num_prompt_tokens)
-            prompt_positions = inputs.positions[:, start:prompt_end]
-            positions[:, row : row + prompt_end - start] = prompt_positions.to(self.device)
-            for image_rows, taken in images.image_slices(inputs, row, start, end):
-                if inputs.embeds is None:
-                    pixels, grids = inputs.pixel_values, inputs.grid_thw
-                    inputs.embeds, inputs.deepstack = self.encode_images(pixels, grids, True)
-                rows.append(image_rows)
-                values.append(inputs.embeds[taken])
-                takes.append((inputs, taken))
-                if inputs.deepstack is not None:
-                    deepstack.append(inputs.deepstack[:, taken])
-        batch.positions = positions
-        if rows:
-            batch.image_rows = torch.cat(rows).to(self.device)
-            batch.image_values = torch.cat(values)
-            batch.image_deepstack = torch.cat(deepstack, dim=1) if deepstack else None
-            batch.image_takes = takes if self.workers is not None else None
 
     def _prefill_chunk(
         self, seq: Sequence, row: int, start: int, end: int, saves: list[tuple[int, int]]

@@ -48,13 +48,14 @@ def noise_key(seed: int, step: int) -> int:
     return _mix64(_mix64(seed & _MASK64) ^ step) >> 32
 
 
-def sequence_noise_key(seq: Sequence) -> int:
-    """Return the noise key of `seq`'s next token.
+def sequence_noise_key(seq: Sequence, offset: int = 0) -> int:
+    """Return the noise key of `seq`'s token `offset` places past its next one (a draft's
+    verification samples row i as output position num_output_tokens + i).
 
     The sample index is added to the seed, as vLLM does for `n > 1` with a fixed seed, so the
     `n` samples of one seeded request differ from each other.
     """
-    return noise_key(seq.seed + seq.index, seq.num_output_tokens)
+    return noise_key(seq.seed + seq.index, seq.num_output_tokens + offset)
 
 
 @dataclass
@@ -140,14 +141,19 @@ class SamplingMetadata:
         vocab_size: int,
         device: torch.device,
         penalty_counts: PenaltyCounts | None = None,
+        offsets: list[int] | None = None,
     ) -> SamplingMetadata:
         """Return the metadata of a batch whose logits row i belongs to `seqs[i]`.
+
+        `offsets` (speculative decoding): row i samples `seqs[i]`'s output position
+        `num_output_tokens + offsets[i]` (its noise, its min_tokens); None: every offset is 0.
 
         `penalty_counts`: the engine's persistent penalty state, brought up to date with the
         tokens sampled since its last step; without it the penalties are rebuilt from the
         sequences' full token lists (the same pairs, at a cost that grows with their length).
         """
-        if all(_plain_greedy(seq) for seq in seqs):  # decode's common case: one argmax a row
+        offsets = offsets or [0] * len(seqs)
+        if all(map(_plain_greedy, seqs, offsets)):  # decode's common case: one argmax a row
             if penalty_counts is not None:
                 penalty_counts.release_departed()
             return cls.all_greedy(len(seqs), vocab_size, device)
@@ -156,14 +162,16 @@ class SamplingMetadata:
         plain = [i for i, p in enumerate(params) if not p.greedy and not _has_filter(p)]
         filtered = [i for i, p in enumerate(params) if not p.greedy and _has_filter(p)]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-        banned_rows, banned_ids = _banned_tokens(seqs, vocab_size)
+        banned_rows, banned_ids = _banned_tokens(seqs, vocab_size, offsets)
         forced = [(i, t) for i, t in enumerate(map(forced_token, seqs)) if t is not None]
         return cls(
             num_rows=len(seqs),
             vocab_size=vocab_size,
             greedy_rows=_long(greedy, device) if greedy else None,
-            plain=_random_rows(seqs, plain, device) if plain else None,
-            filtered=_filtered_rows(seqs, filtered, vocab_size, device) if filtered else None,
+            plain=_random_rows(seqs, plain, device, offsets) if plain else None,
+            filtered=_filtered_rows(seqs, filtered, vocab_size, device, offsets)
+            if filtered
+            else None,
             penalties=penalty_counts.tensors(seqs)
             if penalty_counts is not None
             else penalty_tensors_ref(seqs, vocab_size, device),
@@ -207,16 +215,16 @@ def row_range(num_rows: int, device: torch.device) -> torch.Tensor:
     return rows
 
 
-def _plain_greedy(seq: Sequence) -> bool:
-    """Whether `seq`'s next token is a plain argmax: greedy, with no penalty, logit_bias,
-    logprobs or min_tokens still to hold."""
+def _plain_greedy(seq: Sequence, offset: int = 0) -> bool:
+    """Whether `seq`'s token `offset` past its next is a plain argmax: greedy, with no
+    penalty, logit_bias, logprobs or min_tokens still to hold."""
     params = seq.sampling_params
     return (
         params.greedy
         and params.logprobs is None
         and not params.logit_bias
         and not has_penalty(params)
-        and seq.num_output_tokens >= params.min_tokens
+        and seq.num_output_tokens + offset >= params.min_tokens
         and forced_token(seq) is None
     )
 
@@ -241,12 +249,14 @@ def _has_filter(params: SamplingParams) -> bool:
     return params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0.0
 
 
-def _random_rows(seqs: list[Sequence], rows: list[int], device: torch.device) -> RandomRows:
+def _random_rows(
+    seqs: list[Sequence], rows: list[int], device: torch.device, offsets: list[int]
+) -> RandomRows:
     """Return the rows, noise keys and temperatures of random `rows`."""
     temperatures = [seqs[i].sampling_params.temperature for i in rows]
     return RandomRows(
         rows=_long(rows, device),
-        noise_keys=_long([sequence_noise_key(seqs[i]) for i in rows], device),
+        noise_keys=_long([sequence_noise_key(seqs[i], offsets[i]) for i in rows], device),
         temperatures=None
         if all(t == 1.0 for t in temperatures)
         else _float(temperatures, device).unsqueeze(1),
@@ -254,7 +264,11 @@ def _random_rows(seqs: list[Sequence], rows: list[int], device: torch.device) ->
 
 
 def _filtered_rows(
-    seqs: list[Sequence], rows: list[int], vocab_size: int, device: torch.device
+    seqs: list[Sequence],
+    rows: list[int],
+    vocab_size: int,
+    device: torch.device,
+    offsets: list[int],
 ) -> FilteredRows:
     """Return random `rows`' filter parameters, each None when none of them uses it."""
     params = [seqs[i].sampling_params for i in rows]
@@ -264,7 +278,7 @@ def _filtered_rows(
     small_k = [k for k in top_k if k <= _MAX_TOP_K_CANDIDATES]
     column = lambda values: _float(values, device).unsqueeze(1)  # [F, 1]
     return FilteredRows(
-        **vars(_random_rows(seqs, rows, device)),
+        **vars(_random_rows(seqs, rows, device, offsets)),
         top_k=_long(top_k, device).unsqueeze(1) if any(p.top_k for p in params) else None,
         top_p=column(top_p) if any(p < 1.0 for p in top_p) else None,
         log_min_p=column([math.log(p) if p > 0 else -math.inf for p in min_p])
@@ -291,13 +305,15 @@ def _logit_bias(seqs: list[Sequence], vocab_size: int, device: torch.device) -> 
     return BiasTensors(_long(rows, device), _long(ids, device), _float(values, device))
 
 
-def _banned_tokens(seqs: list[Sequence], vocab_size: int) -> tuple[list[int], list[int]]:
+def _banned_tokens(
+    seqs: list[Sequence], vocab_size: int, offsets: list[int]
+) -> tuple[list[int], list[int]]:
     """Return (rows, token ids) that min_tokens forbids this step: EOS and stop token ids."""
     rows: list[int] = []
     ids: list[int] = []
-    for row, seq in enumerate(seqs):
+    for row, (seq, offset) in enumerate(zip(seqs, offsets)):
         params = seq.sampling_params
-        if seq.num_output_tokens >= params.min_tokens:
+        if seq.num_output_tokens + offset >= params.min_tokens:
             continue
         banned = set(params.stop_token_ids)
         if not params.ignore_eos:
