@@ -1,0 +1,314 @@
+"""A draft model for speculative decoding: a second, small ModelRunner in the engine process,
+with its own paged KV cache and block bookkeeping, drafting greedily for every sequence at once.
+
+Each `propose` first reconciles the draft's cache with every sequence's accepted tokens: what it
+computed past the longest prefix still equal to `seq.token_ids` (the drafts the target
+rejected) is rolled back, its trailing blocks freed. It then computes what it is missing (the
+catch-up: usually the accepted drafts and the target's bonus token, the whole prompt the first
+time) and drafts k tokens with k - 1 more decode steps, all sequences in one flat batch per
+forward, as the target's steps are. Tokens are the draft's argmax: a one-hot proposal, which
+the target's accept-while-equal verification turns into the standard accept / resample rule
+(no q(d) needed, and greedy or seeded output stays the target's token for token).
+
+The draft runs unsharded on rank 0's device (tensor parallelism shards the target only: a
+draft is small). Its cache holds as many tokens as the target's plan (plus each sequence's
+drafts), within the same budget rule (`kv_cache_memory`, else a fraction of free memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from axon.batch import SchedulerOutput
+from axon.cache.block_manager import BlockManager
+from axon.config import EngineConfig
+from axon.loader import load_hf_config
+from axon.runner.model_runner import ModelRunner
+from axon.sampling_params import SamplingParams
+from axon.sequence import Sequence
+from axon.tokenizer.loading import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+# The draft's sequences never sample through the engine's sampler: argmax of its logits.
+_DRAFT_PARAMS = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+
+
+@dataclasses.dataclass
+class _DraftState:
+    """The draft's copy of one target sequence: its own token list (the target's tokens, then
+    this propose's drafts), computed count and block table."""
+
+    seq: Sequence
+    synced: int = 0  # leading tokens copied from the target at the last propose
+
+
+class DraftModelDrafter:
+    """Drafts with `runner` (a loaded draft model) for the target's sequences, keyed by seq_id.
+
+    `vocab_size`: the ids it may propose (the vocabulary the draft shares with the target);
+    `token_budget`: the most tokens one forward computes (a long catch-up is chunked)."""
+
+    def __init__(self, runner: ModelRunner, vocab_size: int, token_budget: int):
+        self.runner = runner
+        plan = runner.plan
+        self.blocks = BlockManager(plan.num_blocks, plan.block_size, enable_prefix_caching=False)
+        self.max_model_len = plan.max_model_len
+        self.vocab_size = vocab_size
+        self.token_budget = token_budget
+        self.states: dict[int, _DraftState] = {}
+        self.num_forwards = 0  # the draft's forwards so far: what proposing cost
+
+    # ---- the Drafter protocol ---------------------------------------------------------------
+
+    def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[list[int]]:
+        """Up to max_tokens[i] greedy draft tokens to follow seqs[i].token_ids (fewer where the
+        draft's context or its cache runs out)."""
+        drafts: list[list[int]] = [[] for _ in seqs]
+        active: list[tuple[int, _DraftState, int]] = []  # (index in seqs, state, tokens wanted)
+        for index, (seq, wanted) in enumerate(zip(seqs, max_tokens)):
+            if wanted <= 0:
+                continue
+            state = self._sync(seq)
+            wanted = self._reserve(state.seq, wanted)
+            if wanted > 0:
+                active.append((index, state, wanted))
+        while active:
+            out = self._schedule([state for _, state, _ in active])
+            tokens = self._forward(out)
+            for seq, num_new in out.scheduled:
+                seq.num_computed_tokens += num_new
+            for index, state, _ in active:
+                token = tokens.get(state.seq.seq_id)
+                if token is not None:
+                    state.seq.append_token(token)
+                    drafts[index].append(token)
+            active = [entry for entry in active if len(drafts[entry[0]]) < entry[2]]
+        return drafts
+
+    def release(self, seq_ids: Iterable[int]) -> None:
+        """Forget these target sequences, freeing their draft blocks (unknown ids ignored)."""
+        for seq_id in seq_ids:
+            state = self.states.pop(seq_id, None)
+            if state is not None:
+                self.blocks.free(state.seq)
+
+    def close(self) -> None:
+        self.runner.close()
+
+    # ---- reconciling with the target --------------------------------------------------------
+
+    def _sync(self, target: Sequence) -> _DraftState:
+        """The draft state of `target`, its tokens now the target's and its computed ones
+        rolled back to the longest common prefix (at least the last token left to compute)."""
+        state = self.states.get(target.seq_id)
+        if state is None:
+            seq = Sequence(f"draft-{target.seq_id}", [], _DRAFT_PARAMS)
+            state = self.states[target.seq_id] = _DraftState(seq)
+        draft_ids, target_ids = state.seq.token_ids, target.token_ids
+        common = _common_prefix(draft_ids, state.seq.num_computed_tokens, target_ids, state.synced)
+        del draft_ids[common:]
+        draft_ids.extend(target_ids[common:])
+        state.synced = len(target_ids)
+        self._roll_back(state.seq, min(common, len(target_ids) - 1))
+        return state
+
+    def _roll_back(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep the first `num_tokens` computed tokens of `seq`, freeing the blocks past them."""
+        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
+        keep = -(-seq.num_computed_tokens // self.blocks.block_size)
+        if keep >= len(seq.block_table):
+            return
+        for block_id in reversed(seq.block_table[keep:]):
+            self.blocks._release(block_id)  # no prefix caching: straight back to the free list
+        # A new list, not a truncated one: the runner's decode buffers know a table by identity
+        # and assume it only grows (decode_batch.HostBuffers).
+        seq.block_table = seq.block_table[:keep]
+
+    def _reserve(self, seq: Sequence, wanted: int) -> int:
+        """Allocate the blocks for the catch-up and `wanted` drafts (the last one is proposed,
+        not computed); return how many drafts fit the draft's context and free blocks."""
+        missing = seq.num_tokens - seq.num_computed_tokens
+        wanted = min(wanted, self.max_model_len - seq.num_tokens + 1)
+        while wanted > 0 and not self.blocks.can_allocate(seq, missing + wanted - 1):
+            wanted -= 1
+        if wanted > 0:
+            self.blocks.allocate(seq, missing + wanted - 1)
+        return wanted
+
+    # ---- running the draft ------------------------------------------------------------------
+
+    def _schedule(self, states: list[_DraftState]) -> SchedulerOutput:
+        """This forward's tokens: each sequence's missing ones (a catch-up chunk under the
+        token budget, or one decode), earlier sequences first."""
+        out = SchedulerOutput()
+        budget = self.token_budget
+        for state in states:
+            missing = state.seq.num_tokens - state.seq.num_computed_tokens
+            num_new = min(missing, budget)
+            if num_new > 0:
+                out.scheduled.append((state.seq, num_new))
+                budget -= num_new
+        return out
+
+    def _forward(self, out: SchedulerOutput) -> dict[int, int]:
+        """Run one flat batch; return {draft seq_id: its greedy next token} for the sequences
+        whose tokens are all computed by it."""
+        batch = self.runner.prepare(out)
+        logits = self.runner.forward_logits(batch)  # [B, V]
+        self.num_forwards += 1
+        if not batch.sampling_seqs:
+            return {}
+        tokens = logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+        return {seq.seq_id: token for seq, token in zip(batch.sampling_seqs, tokens)}
+
+
+def _common_prefix(draft_ids: list[int], computed: int, target_ids: list[int], synced: int) -> int:
+    """How many leading tokens of the draft's computed ones equal the target's. A sequence's
+    tokens only grow, so the first `synced` (copied from it last time) are equal: checked on
+    the last of them, else compared from the start."""
+    start = min(synced, computed, len(target_ids))
+    if start and draft_ids[start - 1] != target_ids[start - 1]:
+        start = 0
+    end = min(computed, len(target_ids))
+    while start < end and draft_ids[start] == target_ids[start]:
+        start += 1
+    return start
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+
+def make_drafter(config: EngineConfig, target: ModelRunner, spec) -> DraftModelDrafter:
+    """Load the draft model of `spec` (a SpeculativeConfig with method "draft_model": its
+    `model`, `quant`, `dtype`, `activation_precision`, `num_speculative_tokens`) beside the
+    `target` runner of `config`. Raises ValueError, saying why, for a draft whose vocabulary
+    differs from the target's or that cannot run as a draft."""
+    path = resolve_draft_path(spec.model, getattr(spec, "quant", None))
+    hf_config = load_hf_config(path)
+    draft_text = hf_config.get_text_config()
+    target_vocab = target.text_config.vocab_size
+    vocab_size = check_vocabulary(
+        config.tokenizer or config.model, target_vocab, path, draft_text.vocab_size
+    )
+    draft_config = draft_engine_config(config, target, spec, path, draft_text)
+    runner = ModelRunner(draft_config, hf_config)
+    if runner.plan.num_state_slots:
+        runner.close()
+        raise ValueError(
+            f"draft model {path}: a hybrid (recurrent-state) model cannot be a draft, its "
+            "state cannot be rolled back to the accepted tokens"
+        )
+    logger.info("draft model %s: %s", path, runner.plan.describe())
+    return DraftModelDrafter(runner, vocab_size, draft_config.max_num_batched_tokens)
+
+
+def draft_engine_config(
+    config: EngineConfig, target: ModelRunner, spec, path: str, draft_text
+) -> EngineConfig:
+    """The draft's EngineConfig: the target's, with the draft's file, dtype and activation
+    precision; one rank on the target's (rank 0's) device; a cache sized to the target's.
+
+    The cache holds the tokens the target's does (`plan.num_tokens`), plus k drafts and a block
+    per sequence: the planner's cap, max_num_seqs x max_model_len, is set to that; the budget
+    it fills is the default rule's (a fraction of the memory free after the target's cache; on
+    the CPU capped, and its pages filled only as used), not `kv_cache_memory`, which is the
+    target's."""
+    plan, k = target.plan, spec.num_speculative_tokens
+    max_len = min(plan.max_model_len + k, draft_text.max_position_embeddings)
+    wanted_tokens = plan.num_tokens + config.max_num_seqs * (k + plan.block_size)
+    blocks_per_seq = -(-max_len // plan.block_size)
+    overrides = dict(
+        model=path,
+        dtype=getattr(spec, "dtype", None) or config.dtype,
+        activation_precision=getattr(spec, "activation_precision", None) or "auto",
+        kv_cache_dtype="auto",
+        kv_cache_memory=None,
+        max_model_len=max_len,
+        max_num_seqs=-(-wanted_tokens // (blocks_per_seq * plan.block_size)),
+        enable_prefix_caching=False,
+        adaptive_threads=False,  # the target's tuner sets the thread count for both
+        tensor_parallel_size=1,
+        nnodes=1,
+        node_rank=0,
+        device=str(target.device),
+        enable_vision=False,
+        max_images_per_prompt=0,
+        task="generate",
+        tokenizer=None,
+    )
+    if hasattr(config, "speculative_config"):
+        overrides["speculative_config"] = None  # a draft does not draft
+    return dataclasses.replace(config, **overrides)
+
+
+def resolve_draft_path(model: str, quant: str | None) -> str:
+    """The draft's model file or directory: `model` itself, or with `quant` the one GGUF file
+    in directory `model` whose name contains it. Raises ValueError when there is no such file."""
+    if not model:
+        raise ValueError("speculative_config: method draft_model needs a 'model'")
+    path = Path(model)
+    if not path.exists():
+        raise ValueError(f"speculative_config: draft model {model!r} does not exist")
+    if quant is None:
+        return str(path)
+    if path.is_file():
+        if quant.lower() not in path.name.lower():
+            raise ValueError(f"speculative_config: quant {quant!r} is not the file {path.name}")
+        return str(path)
+    files = [p for p in path.glob("*.gguf") if quant.lower() in p.name.lower()]
+    if len(files) != 1:
+        names = sorted(p.name for p in path.glob("*.gguf"))
+        raise ValueError(
+            f"speculative_config: quant {quant!r} matches {len(files)} GGUF files of {model} "
+            f"(need one): {names}"
+        )
+    return str(files[0])
+
+
+def check_vocabulary(target_path: str, target_size: int, draft_path: str, draft_size: int) -> int:
+    """The vocabulary size the draft may propose from; raises ValueError when the draft's
+    vocabulary is not the target's: its tokenizer maps another token to some id, or (without
+    two tokenizers to compare) its size differs. Equal tokenizers may differ in the padding of
+    the embedding (a size rounded up): the drafts come from the shared ids."""
+    target_vocab, draft_vocab = _vocab_of(target_path), _vocab_of(draft_path)
+    problem = vocabulary_problem(target_size, draft_size, target_vocab, draft_vocab)
+    if problem is not None:
+        raise ValueError(f"draft model {draft_path} cannot draft for {target_path}: {problem}")
+    return min(target_size, draft_size)
+
+
+def _vocab_of(path: str) -> dict[str, int] | None:
+    tokenizer = load_tokenizer(path)
+    return tokenizer.get_vocab() if tokenizer is not None else None
+
+
+def vocabulary_problem(
+    target_size: int,
+    draft_size: int,
+    target_vocab: dict[str, int] | None,
+    draft_vocab: dict[str, int] | None,
+) -> str | None:
+    """Why a draft of `draft_size` logits and tokenizer vocabulary `draft_vocab` (token ->
+    id; None: no tokenizer) cannot draft for the target, or None when it can."""
+    if target_vocab is None or draft_vocab is None:
+        if target_size != draft_size:
+            return f"its vocabulary has {draft_size} tokens, the target's {target_size}"
+        return None
+    if target_vocab == draft_vocab:
+        return None
+    if len(target_vocab) != len(draft_vocab):
+        return f"its tokenizer has {len(draft_vocab)} tokens, the target's {len(target_vocab)}"
+    differing = sorted(
+        (token_id, token)
+        for token, token_id in target_vocab.items()
+        if draft_vocab.get(token) != token_id
+    )
+    token_id, token = differing[0]
+    return (
+        f"its tokenizer differs from the target's in {len(differing)} tokens, the first "
+        f"{token!r} (id {token_id} in the target's)"
+    )

@@ -1,0 +1,170 @@
+"""The draft-model drafter: its proposals are the draft model's own greedy continuation (an
+independent LLM of that model says which), through partial acceptance (its rollback), several
+sequences of different lengths per forward, chunked catch-up; its blocks are freed; a draft
+with another vocabulary is refused, saying why."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import PreTrainedTokenizerFast
+
+from axon import LLM, SamplingParams
+from axon.engine.drafter_model import make_drafter, vocabulary_problem
+from axon.sequence import Sequence
+from tests.model.tiny_models import get_tiny_model, random_prompts
+from tests.tiny_configs import VOCAB_SIZE
+
+ENGINE_ARGS = dict(dtype="float32", block_size=4, max_model_len=128, kv_cache_memory=2 << 20)
+K = 4
+
+
+def draft_spec(path, k: int = K, **fields) -> SimpleNamespace:
+    """What make_drafter reads of a SpeculativeConfig (method draft_model)."""
+    values = dict(method="draft_model", num_speculative_tokens=k, model=str(path), quant=None)
+    values.update(dtype=None, activation_precision=None, **fields)
+    return SimpleNamespace(**values)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_root):
+    return LLM(str(get_tiny_model("llama", tiny_model_root).path), **ENGINE_ARGS)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_model_root):
+    """An independent LLM of the draft model the tests draft with."""
+    return LLM(str(get_tiny_model("qwen3", tiny_model_root).path), **ENGINE_ARGS)
+
+
+@pytest.fixture(scope="module", params=["same", "qwen3"])
+def pair(request, target, qwen3):
+    """(drafter, the LLM whose greedy continuation its proposals must equal): the target's own
+    model as its draft, or another architecture over the same vocabulary."""
+    reference = target if request.param == "same" else qwen3
+    drafter = make_drafter(target.config, target.engine.runner, draft_spec(reference.config.model))
+    yield drafter, reference
+    drafter.release(list(drafter.states))
+
+
+def greedy(llm: LLM, token_ids: list[int], num_tokens: int) -> list[int]:
+    params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+    return llm.generate({"prompt_token_ids": token_ids}, params)[0].outputs[0].token_ids
+
+
+def targets(lengths: tuple[int, ...], seed: int) -> list[Sequence]:
+    prompts = random_prompts(lengths, seed)
+    return [Sequence(f"t{i}", prompt, SamplingParams()) for i, prompt in enumerate(prompts)]
+
+
+def accept(seq: Sequence, drafts: list[int], num_accepted: int) -> None:
+    """What the target appends when it accepts `num_accepted` drafts: them, then its own token
+    (one that differs from the next draft, as a rejection's would)."""
+    seq.token_ids.extend(drafts[:num_accepted])
+    bonus = 3 + (seq.num_tokens * 7) % (VOCAB_SIZE - 3)
+    if num_accepted < len(drafts) and bonus == drafts[num_accepted]:
+        bonus = 3 + (bonus - 2) % (VOCAB_SIZE - 3)
+    seq.token_ids.append(bonus)
+
+
+def assert_blocks_consistent(drafter) -> None:
+    """Every state holds exactly the blocks of its computed tokens; the rest are free."""
+    block_size, held = drafter.blocks.block_size, 0
+    for state in drafter.states.values():
+        computed = state.seq.num_computed_tokens
+        assert len(state.seq.block_table) == -(-computed // block_size)
+        held += len(state.seq.block_table)
+    assert held + drafter.blocks.num_free_blocks == drafter.blocks.num_blocks
+
+
+def test_proposals_are_the_draft_models_greedy_tokens_through_rollbacks(pair):
+    drafter, reference = pair
+    seqs = targets((3, 9, 22), seed=5)
+    for round_index in range(6):
+        drafts = drafter.propose(seqs, [K] * len(seqs))
+        for index, (seq, proposed) in enumerate(zip(seqs, drafts)):
+            assert proposed == greedy(reference, seq.token_ids, K), (round_index, index)
+            accept(seq, proposed, (round_index + 2 * index) % (K + 1))  # 0..K accepted
+        assert_blocks_consistent(drafter)
+    drafter.release(seq.seq_id for seq in seqs)
+
+
+def test_chunked_catch_up_and_uneven_draft_counts(target, qwen3):
+    """A token budget smaller than the prompts splits the catch-up over several forwards, and
+    sequences asking for 0, 1 or K drafts share them."""
+    drafter = make_drafter(target.config, target.engine.runner, draft_spec(qwen3.config.model))
+    drafter.token_budget = 7
+    seqs = targets((5, 17, 30, 12), seed=11)
+    counts = [K, 0, 1, K]
+    for round_index in range(3):
+        drafts = drafter.propose(seqs, counts)
+        assert [len(d) for d in drafts] == counts
+        for seq, proposed in zip(seqs, drafts):
+            if proposed:
+                assert proposed == greedy(qwen3, seq.token_ids, len(proposed))
+            accept(seq, proposed, round_index % (len(proposed) + 1))
+        assert_blocks_consistent(drafter)
+    assert drafter.num_forwards > 3 * K  # the first round's catch-up took several forwards
+
+
+def test_release_frees_every_block(target):
+    drafter = make_drafter(target.config, target.engine.runner, draft_spec(target.config.model))
+    seqs = targets((6, 19), seed=3)
+    drafter.propose(seqs, [K, K])
+    assert drafter.blocks.num_free_blocks < drafter.blocks.num_blocks
+    drafter.release([seqs[0].seq_id, 10**9])  # an unknown id is ignored
+    assert list(drafter.states) == [seqs[1].seq_id]
+    assert_blocks_consistent(drafter)
+    drafter.release([seqs[1].seq_id])
+    assert drafter.blocks.num_free_blocks == drafter.blocks.num_blocks
+    assert drafter.propose(seqs, [K, K])[0] == greedy(target, seqs[0].token_ids, K)  # afresh
+
+
+def test_drafts_stop_at_the_drafts_context(target):
+    drafter = make_drafter(target.config, target.engine.runner, draft_spec(target.config.model))
+    limit = drafter.max_model_len
+    seqs = targets((limit - 2, limit + 1), seed=9)
+    assert [len(d) for d in drafter.propose(seqs, [K, K])] == [3, 0]
+
+
+def tokenizer_with(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
+    backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>")
+
+
+def test_a_draft_with_another_tokenizer_is_refused(target, tmp_path):
+    draft = shutil.copytree(target.config.model, tmp_path / "draft")
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2}
+    vocab.update({f"w{i}": i for i in range(3, VOCAB_SIZE)})
+    vocab["w5"], vocab["w6"] = 6, 5
+    tokenizer_with(vocab).save_pretrained(draft)
+    with pytest.raises(ValueError, match=r"tokenizer differs from the target's in 2 tokens"):
+        make_drafter(target.config, target.engine.runner, draft_spec(draft))
+
+
+def test_a_draft_with_another_vocabulary_size_is_refused(target, tmp_path):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    config = json.loads((Path(target.config.model) / "config.json").read_text())
+    config["vocab_size"] = VOCAB_SIZE + 16
+    (draft / "config.json").write_text(json.dumps(config))  # no tokenizer to compare
+    with pytest.raises(ValueError, match=rf"vocabulary has {VOCAB_SIZE + 16} tokens, the target"):
+        make_drafter(target.config, target.engine.runner, draft_spec(draft))
+
+
+def test_vocabulary_problem():
+    vocab = {"a": 0, "b": 1}
+    assert vocabulary_problem(2, 2, vocab, dict(vocab)) is None
+    assert vocabulary_problem(2, 8, vocab, dict(vocab)) is None  # a padded embedding
+    assert vocabulary_problem(2, 2, None, None) is None
+    assert "has 3 tokens" in vocabulary_problem(2, 3, vocab, None)
+    assert "has 3 tokens" in vocabulary_problem(2, 2, vocab, {**vocab, "c": 2})
+    assert "'b' (id 1" in vocabulary_problem(2, 2, vocab, {"a": 0, "c": 1})
