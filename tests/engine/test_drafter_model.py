@@ -17,7 +17,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import PreTrainedTokenizerFast
 
 from axon import LLM, SamplingParams
-from axon.engine.drafter_model import make_drafter, vocabulary_problem
+from axon.engine.drafter_model import DraftModelDrafter, vocabulary_problem
 from axon.sequence import Sequence
 from tests.model.tiny_models import get_tiny_model, random_prompts
 from tests.tiny_configs import VOCAB_SIZE
@@ -27,7 +27,7 @@ K = 4
 
 
 def draft_spec(path, k: int = K, **fields) -> SimpleNamespace:
-    """What make_drafter reads of a SpeculativeConfig (method draft_model)."""
+    """What the drafter reads of a SpeculativeConfig (method draft_model)."""
     values = dict(method="draft_model", num_speculative_tokens=k, model=str(path), quant=None)
     values.update(dtype=None, activation_precision=None, **fields)
     return SimpleNamespace(**values)
@@ -49,7 +49,9 @@ def pair(request, target, qwen3):
     """(drafter, the LLM whose greedy continuation its proposals must equal): the target's own
     model as its draft, or another architecture over the same vocabulary."""
     reference = target if request.param == "same" else qwen3
-    drafter = make_drafter(target.config, target.engine.runner, draft_spec(reference.config.model))
+    drafter = DraftModelDrafter(
+        target.config, target.engine.runner, draft_spec(reference.config.model)
+    )
     yield drafter, reference
     drafter.release(list(drafter.states))
 
@@ -84,9 +86,10 @@ def assert_blocks_consistent(drafter) -> None:
     assert held + drafter.blocks.num_free_blocks == drafter.blocks.num_blocks
 
 
-def test_proposals_are_the_draft_models_greedy_tokens_through_rollbacks(pair):
+@pytest.mark.parametrize("lengths", [(3, 9, 22), (13,)])  # (13,): the lone-sequence decode path
+def test_proposals_are_the_draft_models_greedy_tokens_through_rollbacks(pair, lengths):
     drafter, reference = pair
-    seqs = targets((3, 9, 22), seed=5)
+    seqs = targets(lengths, seed=5)
     for round_index in range(6):
         drafts = drafter.propose(seqs, [K] * len(seqs))
         for index, (seq, proposed) in enumerate(zip(seqs, drafts)):
@@ -99,7 +102,7 @@ def test_proposals_are_the_draft_models_greedy_tokens_through_rollbacks(pair):
 def test_chunked_catch_up_and_uneven_draft_counts(target, qwen3):
     """A token budget smaller than the prompts splits the catch-up over several forwards, and
     sequences asking for 0, 1 or K drafts share them."""
-    drafter = make_drafter(target.config, target.engine.runner, draft_spec(qwen3.config.model))
+    drafter = DraftModelDrafter(target.config, target.engine.runner, draft_spec(qwen3.config.model))
     drafter.token_budget = 7
     seqs = targets((5, 17, 30, 12), seed=11)
     counts = [K, 0, 1, K]
@@ -115,7 +118,9 @@ def test_chunked_catch_up_and_uneven_draft_counts(target, qwen3):
 
 
 def test_release_frees_every_block(target):
-    drafter = make_drafter(target.config, target.engine.runner, draft_spec(target.config.model))
+    drafter = DraftModelDrafter(
+        target.config, target.engine.runner, draft_spec(target.config.model)
+    )
     seqs = targets((6, 19), seed=3)
     drafter.propose(seqs, [K, K])
     assert drafter.blocks.num_free_blocks < drafter.blocks.num_blocks
@@ -128,7 +133,9 @@ def test_release_frees_every_block(target):
 
 
 def test_drafts_stop_at_the_drafts_context(target):
-    drafter = make_drafter(target.config, target.engine.runner, draft_spec(target.config.model))
+    drafter = DraftModelDrafter(
+        target.config, target.engine.runner, draft_spec(target.config.model)
+    )
     limit = drafter.max_model_len
     seqs = targets((limit - 2, limit + 1), seed=9)
     assert [len(d) for d in drafter.propose(seqs, [K, K])] == [3, 0]
@@ -147,7 +154,7 @@ def test_a_draft_with_another_tokenizer_is_refused(target, tmp_path):
     vocab["w5"], vocab["w6"] = 6, 5
     tokenizer_with(vocab).save_pretrained(draft)
     with pytest.raises(ValueError, match=r"tokenizer differs from the target's in 2 tokens"):
-        make_drafter(target.config, target.engine.runner, draft_spec(draft))
+        DraftModelDrafter(target.config, target.engine.runner, draft_spec(draft))
 
 
 def test_a_draft_with_another_vocabulary_size_is_refused(target, tmp_path):
@@ -157,7 +164,7 @@ def test_a_draft_with_another_vocabulary_size_is_refused(target, tmp_path):
     config["vocab_size"] = VOCAB_SIZE + 16
     (draft / "config.json").write_text(json.dumps(config))  # no tokenizer to compare
     with pytest.raises(ValueError, match=rf"vocabulary has {VOCAB_SIZE + 16} tokens, the target"):
-        make_drafter(target.config, target.engine.runner, draft_spec(draft))
+        DraftModelDrafter(target.config, target.engine.runner, draft_spec(draft))
 
 
 def test_vocabulary_problem():

@@ -47,18 +47,18 @@ class _DraftState:
 
 
 class DraftModelDrafter:
-    """Drafts with `runner` (a loaded draft model) for the target's sequences, keyed by seq_id.
+    """Drafts for the target's sequences (keyed by seq_id) with a draft model it loads."""
 
-    `vocab_size`: the ids it may propose (the vocabulary the draft shares with the target);
-    `token_budget`: the most tokens one forward computes (a long catch-up is chunked)."""
-
-    def __init__(self, runner: ModelRunner, vocab_size: int, token_budget: int):
-        self.runner = runner
-        plan = runner.plan
+    def __init__(self, config: EngineConfig, target: ModelRunner, spec=None):
+        """Load the draft model of `spec` (default `config.speculative_config`, method
+        draft_model) beside the `target` runner of `config`. Raises ValueError, saying why,
+        for a draft whose vocabulary differs from the target's or that cannot be a draft."""
+        spec = spec if spec is not None else config.speculative_config
+        self.runner, self.vocab_size = load_draft(config, target, spec)
+        plan = self.runner.plan
         self.blocks = BlockManager(plan.num_blocks, plan.block_size, enable_prefix_caching=False)
         self.max_model_len = plan.max_model_len
-        self.vocab_size = vocab_size
-        self.token_budget = token_budget
+        self.token_budget = config.max_num_batched_tokens  # a longer catch-up is chunked
         self.states: dict[int, _DraftState] = {}
         self.num_forwards = 0  # the draft's forwards so far: what proposing cost
 
@@ -182,11 +182,10 @@ def _common_prefix(draft_ids: list[int], computed: int, target_ids: list[int], s
 # ---- loading --------------------------------------------------------------------------------
 
 
-def make_drafter(config: EngineConfig, target: ModelRunner, spec) -> DraftModelDrafter:
-    """Load the draft model of `spec` (a SpeculativeConfig with method "draft_model": its
-    `model`, `quant`, `dtype`, `activation_precision`, `num_speculative_tokens`) beside the
-    `target` runner of `config`. Raises ValueError, saying why, for a draft whose vocabulary
-    differs from the target's or that cannot run as a draft."""
+def load_draft(config: EngineConfig, target: ModelRunner, spec) -> tuple[ModelRunner, int]:
+    """(the draft's runner, the vocabulary size it may propose from) for `spec`'s `model`,
+    `quant`, `dtype`, `activation_precision` and `num_speculative_tokens`. The vocabulary is
+    checked before the weights load."""
     path = resolve_draft_path(spec.model, getattr(spec, "quant", None))
     hf_config = load_hf_config(path)
     draft_text = hf_config.get_text_config()
@@ -194,16 +193,15 @@ def make_drafter(config: EngineConfig, target: ModelRunner, spec) -> DraftModelD
     vocab_size = check_vocabulary(
         config.tokenizer or config.model, target_vocab, path, draft_text.vocab_size
     )
-    draft_config = draft_engine_config(config, target, spec, path, draft_text)
-    runner = ModelRunner(draft_config, hf_config)
+    runner = ModelRunner(draft_engine_config(config, target, spec, path, draft_text), hf_config)
     if runner.plan.num_state_slots:
         runner.close()
         raise ValueError(
-            f"draft model {path}: a hybrid (recurrent-state) model cannot be a draft, its "
-            "state cannot be rolled back to the accepted tokens"
+            f"draft model {path}: a hybrid (recurrent-state) model cannot be a draft yet: its "
+            "state is not rolled back to the accepted tokens"
         )
     logger.info("draft model %s: %s", path, runner.plan.describe())
-    return DraftModelDrafter(runner, vocab_size, draft_config.max_num_batched_tokens)
+    return runner, vocab_size
 
 
 def draft_engine_config(
