@@ -117,6 +117,29 @@ def test_chunked_catch_up_and_uneven_draft_counts(target, qwen3):
     assert drafter.num_forwards > 3 * K  # the first round's catch-up took several forwards
 
 
+@pytest.mark.parametrize("min_confidence", [0.0, 0.05, 1.0])
+def test_drafting_stops_at_an_unconfident_token(target, min_confidence):
+    """With min_confidence, each proposal is the greedy one up to its first token below that
+    probability: all K at 0, none at 1, prefixes of several lengths between."""
+    drafter = DraftModelDrafter(
+        target.config, target.engine.runner, draft_spec(target.config.model)
+    )
+    drafter.min_confidence = min_confidence
+    seqs = targets((5, 11, 16, 8), seed=21)
+    lengths = []
+    for round_index in range(3):
+        drafts = drafter.propose(seqs, [K] * len(seqs))
+        for seq, proposed in zip(seqs, drafts):
+            assert proposed == greedy(target, seq.token_ids, K)[: len(proposed)]
+            lengths.append(len(proposed))
+            accept(seq, proposed, round_index % (len(proposed) + 1))
+        assert_blocks_consistent(drafter)
+    if min_confidence in (0.0, 1.0):
+        assert set(lengths) == {K if min_confidence == 0.0 else 0}
+    else:  # the tiny model's probabilities straddle 0.05: some drafts stop early
+        assert len(set(lengths)) > 1
+
+
 def test_release_frees_every_block(target):
     drafter = DraftModelDrafter(
         target.config, target.engine.runner, draft_spec(target.config.model)

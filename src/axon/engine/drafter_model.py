@@ -22,6 +22,8 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
+
 from axon.batch import SchedulerOutput
 from axon.cache.block_manager import BlockManager
 from axon.config import EngineConfig
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 # The draft's sequences never sample through the engine's sampler: argmax of its logits.
 _DRAFT_PARAMS = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+_UNSURE = -1  # a forward's "token" for a sequence whose greedy token is below min_confidence
 
 
 @dataclasses.dataclass
@@ -59,6 +62,10 @@ class DraftModelDrafter:
         self.blocks = BlockManager(plan.num_blocks, plan.block_size, enable_prefix_caching=False)
         self.max_model_len = plan.max_model_len
         self.token_budget = config.max_num_batched_tokens  # a longer catch-up is chunked
+        # Drafting stops at a token the draft gives less than this probability (llama.cpp's
+        # --draft-p-min): an unlikely draft is mostly rejected, and costs a draft forward and a
+        # verify row. None drafts all k.
+        self.min_confidence: float | None = None
         self.states: dict[int, _DraftState] = {}
         self.num_forwards = 0  # the draft's forwards so far: what proposing cost
 
@@ -81,13 +88,22 @@ class DraftModelDrafter:
             tokens = self._forward(out)
             for seq, num_new in out.scheduled:
                 seq.num_computed_tokens += num_new
-            for index, state, _ in active:
-                token = tokens.get(state.seq.seq_id)
-                if token is not None:
-                    state.seq.append_token(token)
-                    drafts[index].append(token)
-            active = [entry for entry in active if len(drafts[entry[0]]) < entry[2]]
+            active = [entry for entry in active if self._take(entry, tokens, drafts)]
         return drafts
+
+    def _take(self, entry: tuple[int, _DraftState, int], tokens: dict, drafts: list) -> bool:
+        """Append the forward's token (if any) to the sequence's drafts; return whether it
+        drafts on. An unconfident token ends its drafts, its spare blocks freed."""
+        index, state, wanted = entry
+        token = tokens.get(state.seq.seq_id)
+        if token is None:
+            return True  # its catch-up goes on in the next forward
+        if token == _UNSURE:
+            self._roll_back(state.seq, state.seq.num_computed_tokens)
+            return False
+        state.seq.append_token(token)
+        drafts[index].append(token)
+        return len(drafts[index]) < wanted
 
     def release(self, seq_ids: Iterable[int]) -> None:
         """Forget these target sequences, freeing their draft blocks (unknown ids ignored)."""
@@ -155,14 +171,21 @@ class DraftModelDrafter:
         return out
 
     def _forward(self, out: SchedulerOutput) -> dict[int, int]:
-        """Run one flat batch; return {draft seq_id: its greedy next token} for the sequences
-        whose tokens are all computed by it."""
+        """Run one flat batch; return {draft seq_id: its greedy next token, or _UNSURE where
+        that token's probability is below `min_confidence`} for the sequences whose tokens are
+        all computed by it."""
         batch = self.runner.prepare(out)
-        logits = self.runner.forward_logits(batch)  # [B, V]
+        logits = self.runner.forward_logits(batch)[:, : self.vocab_size]  # [B, V]
         self.num_forwards += 1
         if not batch.sampling_seqs:
             return {}
-        tokens = logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+        best, tokens = logits.max(dim=-1)  # [B] each
+        tokens = tokens.tolist()
+        if self.min_confidence is not None:
+            confidence = torch.exp(best - torch.logsumexp(logits, dim=-1)).tolist()
+            tokens = [
+                t if p >= self.min_confidence else _UNSURE for t, p in zip(tokens, confidence)
+            ]
         return {seq.seq_id: token for seq, token in zip(batch.sampling_seqs, tokens)}
 
 
