@@ -77,13 +77,18 @@ def accept(seq: Sequence, drafts: list[int], num_accepted: int) -> None:
 
 
 def assert_blocks_consistent(drafter) -> None:
-    """Every state holds exactly the blocks of its computed tokens; the rest are free."""
-    block_size, held = drafter.blocks.block_size, 0
+    """Every state holds exactly the blocks of its computed tokens (some shared through the
+    prefix cache); every other block is free or cached."""
+    block_size, held = drafter.blocks.block_size, set()
     for state in drafter.states.values():
         computed = state.seq.num_computed_tokens
         assert len(state.seq.block_table) == -(-computed // block_size)
-        held += len(state.seq.block_table)
-    assert held + drafter.blocks.num_free_blocks == drafter.blocks.num_blocks
+        held.update(state.seq.block_table)
+    for block in drafter.blocks.blocks:
+        assert block.ref_count == sum(
+            state.seq.block_table.count(block.block_id) for state in drafter.states.values()
+        )
+    assert len(held) + drafter.blocks.num_free_blocks == drafter.blocks.num_blocks
 
 
 @pytest.mark.parametrize("lengths", [(3, 9, 22), (13,)])  # (13,): the lone-sequence decode path
@@ -138,6 +143,25 @@ def test_drafting_stops_at_an_unconfident_token(target, min_confidence):
         assert set(lengths) == {K if min_confidence == 0.0 else 0}
     else:  # the tiny model's probabilities straddle 0.05: some drafts stop early
         assert len(set(lengths)) > 1
+
+
+def test_a_shared_prompt_is_computed_once(target):
+    """The draft's blocks are prefix-cached like the target's: a second sample of the same
+    prompt, and a next turn that extends a released conversation, start from its blocks."""
+    drafter = DraftModelDrafter(
+        target.config, target.engine.runner, draft_spec(target.config.model)
+    )
+    first, second = targets((23, 23), seed=4)
+    second.token_ids = list(first.token_ids)
+    accept(first, drafter.propose([first], [K])[0], 1)
+    drafter.propose([first], [K])  # its 24 accepted tokens' 6 blocks are cached now
+    assert drafter.propose([second], [K])[0] == greedy(target, second.token_ids, K)
+    assert drafter.blocks.prefix_cache_hits == 20  # the prompt's 5 full blocks
+    drafter.release([first.seq_id])
+    follow_up = Sequence("next", first.token_ids + [7, 8, 9], SamplingParams())
+    assert drafter.propose([follow_up], [K])[0] == greedy(target, follow_up.token_ids, K)
+    assert drafter.blocks.prefix_cache_hits == 20 + 24  # its first 6 blocks: the first's
+    assert_blocks_consistent(drafter)
 
 
 def test_release_frees_every_block(target):

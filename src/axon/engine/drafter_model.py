@@ -10,6 +10,9 @@ forward, as the target's steps are. Tokens are the draft's argmax: a one-hot pro
 the target's accept-while-equal verification turns into the standard accept / resample rule
 (no q(d) needed, and greedy or seeded output stays the target's token for token).
 
+Its blocks are prefix-cached as the target's are (a shared prompt or a chat's next turn finds
+its draft KV), but only blocks of accepted tokens: a block holding drafts is never cached.
+
 The draft runs unsharded on rank 0's device (tensor parallelism shards the target only: a
 draft is small). Its cache holds as many tokens as the target's plan (plus each sequence's
 drafts), within the same budget rule (`kv_cache_memory`, else a fraction of free memory).
@@ -59,7 +62,10 @@ class DraftModelDrafter:
         spec = spec if spec is not None else config.speculative_config
         self.runner, self.vocab_size = load_draft(config, target, spec)
         plan = self.runner.plan
-        self.blocks = BlockManager(plan.num_blocks, plan.block_size, enable_prefix_caching=False)
+        # The target's prefix caching, for the draft's blocks too: a chat's next turn, a shared
+        # system prompt or the n samples of a request find their prompt's draft KV computed.
+        caching = config.enable_prefix_caching
+        self.blocks = BlockManager(plan.num_blocks, plan.block_size, enable_prefix_caching=caching)
         self.max_model_len = plan.max_model_len
         self.token_budget = config.max_num_batched_tokens  # a longer catch-up is chunked
         # Drafting stops at a token the draft gives less than this probability (llama.cpp's
@@ -130,19 +136,36 @@ class DraftModelDrafter:
         draft_ids.extend(target_ids[common:])
         state.synced = len(target_ids)
         self._roll_back(state.seq, min(common, len(target_ids) - 1))
+        if not state.seq.block_table:
+            self.blocks.match_prefix(state.seq)  # a new (or released) state: its prompt's blocks
+        # Computed tokens are the target's now, no drafts among them: their full blocks may be
+        # cached (a block holding drafts never is, so a rollback never writes into one).
+        self.blocks.cache_full_blocks(state.seq)
         return state
 
     def _roll_back(self, seq: Sequence, num_tokens: int) -> None:
-        """Keep the first `num_tokens` computed tokens of `seq`, freeing the blocks past them."""
-        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
-        keep = -(-seq.num_computed_tokens // self.blocks.block_size)
+        """Keep at most the first `num_tokens` computed tokens of `seq`, freeing the blocks
+        past them. A cached or shared block is never written into: a rollback into one keeps
+        only the blocks before it."""
+        block_size = self.blocks.block_size
+        num_tokens = min(seq.num_computed_tokens, num_tokens)
+        index = num_tokens // block_size  # the block that the next token is written into
+        if num_tokens % block_size and not self._writable(seq.block_table[index]):
+            num_tokens = index * block_size
+        seq.num_computed_tokens = num_tokens
+        del seq.block_hashes[num_tokens // block_size :]
+        keep = -(-num_tokens // block_size)
         if keep >= len(seq.block_table):
             return
         for block_id in reversed(seq.block_table[keep:]):
-            self.blocks._release(block_id)  # no prefix caching: straight back to the free list
+            self.blocks._release(block_id)  # to the free list, or the cached ones if hashed
         # A new list, not a truncated one: the runner's decode buffers know a table by identity
         # and assume it only grows (decode_batch.HostBuffers).
         seq.block_table = seq.block_table[:keep]
+
+    def _writable(self, block_id: int) -> bool:
+        block = self.blocks.blocks[block_id]
+        return block.ref_count == 1 and block.block_hash is None
 
     def _reserve(self, seq: Sequence, wanted: int) -> int:
         """Allocate the blocks for the catch-up and `wanted` drafts (the last one is proposed,
