@@ -188,6 +188,28 @@ def test_drafts_stop_at_the_drafts_context(target):
     assert [len(d) for d in drafter.propose(seqs, [K, K])] == [3, 0]
 
 
+def test_a_tensor_parallel_target_drafts_on_rank_0_unsharded(tiny_model_root):
+    """With two target ranks, the draft is one whole model in rank 0's process: its layers
+    built as one rank, its drafts the greedy ones of the (sharded) target's same model."""
+    sharded = LLM(
+        str(get_tiny_model("llama", tiny_model_root).path), tensor_parallel_size=2, **ENGINE_ARGS
+    )
+    try:
+        runner = sharded.engine.runner
+        drafter = DraftModelDrafter(sharded.config, runner, draft_spec(sharded.config.model))
+        assert drafter.runner.workers is None
+        sizes = {m.tp_size for m in drafter.runner.model.modules() if hasattr(m, "tp_size")}
+        assert sizes == {1}
+        seqs = targets((6, 14), seed=8)
+        for round_index in range(2):
+            drafts = drafter.propose(seqs, [K, K])
+            for seq, proposed in zip(seqs, drafts):
+                assert proposed == greedy(sharded, seq.token_ids, K)
+                accept(seq, proposed, round_index + 1)
+    finally:
+        sharded.engine.close()
+
+
 def tokenizer_with(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
     backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<pad>"))
     backend.pre_tokenizer = WhitespaceSplit()
