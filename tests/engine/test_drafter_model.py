@@ -237,10 +237,10 @@ def test_a_draft_with_another_vocabulary_size_is_refused(target, tmp_path):
 
 
 def test_vocabulary_problem():
-    vocab = {"a": 0, "b": 1}
-    assert vocabulary_problem(2, 2, vocab, dict(vocab)) is None
-    assert vocabulary_problem(2, 8, vocab, dict(vocab)) is None  # a padded embedding
+    tokens = ["a", "b"]
+    assert vocabulary_problem(2, 2, tokens, list(tokens)) is None
+    assert vocabulary_problem(2, 8, tokens, list(tokens)) is None  # a padded embedding
     assert vocabulary_problem(2, 2, None, None) is None
-    assert "has 3 tokens" in vocabulary_problem(2, 3, vocab, None)
-    assert "has 3 tokens" in vocabulary_problem(2, 2, vocab, {**vocab, "c": 2})
-    assert "'b' (id 1" in vocabulary_problem(2, 2, vocab, {"a": 0, "c": 1})
+    assert "has 3 tokens, the target's 2" in vocabulary_problem(2, 3, tokens, None)
+    assert "has 3 tokens, the target's 2" in vocabulary_problem(2, 2, tokens, [*tokens, "c"])
+    assert "the first id 1 ('c', the target's 'b')" in vocabulary_problem(2, 2, tokens, ["a", "c"])

@@ -30,7 +30,8 @@ import torch
 from axon.batch import SchedulerOutput
 from axon.cache.block_manager import BlockManager
 from axon.config import EngineConfig
-from axon.loader import load_hf_config
+from axon.loader import is_gguf, load_hf_config
+from axon.loader.gguf import open_gguf, release_freed_memory
 from axon.runner.model_runner import ModelRunner
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
@@ -315,44 +316,60 @@ def resolve_draft_path(model: str, quant: str | None) -> str:
 
 def check_vocabulary(target_path: str, target_size: int, draft_path: str, draft_size: int) -> int:
     """The vocabulary size the draft may propose from; raises ValueError when the draft's
-    vocabulary is not the target's: its tokenizer maps another token to some id, or (without
+    vocabulary is not the target's: its tokenizer has another token at some id, or (without
     two tokenizers to compare) its size differs. Equal tokenizers may differ in the padding of
     the embedding (a size rounded up): the drafts come from the shared ids."""
-    target_vocab, draft_vocab = _vocab_of(target_path), _vocab_of(draft_path)
-    problem = vocabulary_problem(target_size, draft_size, target_vocab, draft_vocab)
+    if is_gguf(target_path) and is_gguf(draft_path):  # the files' token lists, as llama.cpp
+        target_tokens, draft_tokens = _gguf_tokens(target_path), _gguf_tokens(draft_path)
+        release_freed_memory()  # the target's parsed metadata (the draft's is reused to load)
+    else:
+        target_tokens, draft_tokens = _tokenizer_tokens(target_path), _tokenizer_tokens(draft_path)
+    problem = vocabulary_problem(target_size, draft_size, target_tokens, draft_tokens)
     if problem is not None:
         raise ValueError(f"draft model {draft_path} cannot draft for {target_path}: {problem}")
     return min(target_size, draft_size)
 
 
-def _vocab_of(path: str) -> dict[str, int] | None:
+def _gguf_tokens(path: str) -> list[str] | None:
+    """The file's tokens by id (`tokenizer.ggml.tokens`), None without them. Read from the
+    metadata: building the tokenizer of a 262k vocab takes seconds."""
+    field = open_gguf(path).fields.get("tokenizer.ggml.tokens")
+    if field is None:
+        return None
+    return [bytes(field.parts[index]).decode("utf-8", "replace") for index in field.data]
+
+
+def _tokenizer_tokens(path: str) -> list[str | None] | None:
+    """The HF tokenizer's tokens by id (None for an id it lacks), None without a tokenizer."""
     tokenizer = load_tokenizer(path)
-    return tokenizer.get_vocab() if tokenizer is not None else None
+    if tokenizer is None:
+        return None
+    vocab = tokenizer.get_vocab()
+    tokens: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+    for token, token_id in vocab.items():
+        tokens[token_id] = token
+    return tokens
 
 
 def vocabulary_problem(
     target_size: int,
     draft_size: int,
-    target_vocab: dict[str, int] | None,
-    draft_vocab: dict[str, int] | None,
+    target_tokens: list | None,
+    draft_tokens: list | None,
 ) -> str | None:
-    """Why a draft of `draft_size` logits and tokenizer vocabulary `draft_vocab` (token ->
-    id; None: no tokenizer) cannot draft for the target, or None when it can."""
-    if target_vocab is None or draft_vocab is None:
+    """Why a draft of `draft_size` logits and tokens `draft_tokens` (by id; None: no tokenizer)
+    cannot draft for the target, or None when it can."""
+    if target_tokens is None or draft_tokens is None:
         if target_size != draft_size:
             return f"its vocabulary has {draft_size} tokens, the target's {target_size}"
         return None
-    if target_vocab == draft_vocab:
+    if len(target_tokens) != len(draft_tokens):
+        return f"its tokenizer has {len(draft_tokens)} tokens, the target's {len(target_tokens)}"
+    if target_tokens == draft_tokens:
         return None
-    if len(target_vocab) != len(draft_vocab):
-        return f"its tokenizer has {len(draft_vocab)} tokens, the target's {len(target_vocab)}"
-    differing = sorted(
-        (token_id, token)
-        for token, token_id in target_vocab.items()
-        if draft_vocab.get(token) != token_id
-    )
-    token_id, token = differing[0]
+    differing = [i for i, (a, b) in enumerate(zip(target_tokens, draft_tokens)) if a != b]
+    first = differing[0]
     return (
-        f"its tokenizer differs from the target's in {len(differing)} tokens, the first "
-        f"{token!r} (id {token_id} in the target's)"
+        f"its tokenizer differs from the target's in {len(differing)} tokens, the first id "
+        f"{first} ({draft_tokens[first]!r}, the target's {target_tokens[first]!r})"
     )
