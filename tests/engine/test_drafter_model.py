@@ -164,6 +164,15 @@ def test_a_shared_prompt_is_computed_once(target):
     assert_blocks_consistent(drafter)
 
 
+def test_the_drafts_cache_holds_the_targets_tokens_and_its_drafts(target, qwen3):
+    drafter = DraftModelDrafter(target.config, target.engine.runner, draft_spec(qwen3.config.model))
+    plan, draft_plan = target.engine.runner.plan, drafter.runner.plan
+    wanted = plan.num_tokens + target.config.max_num_seqs * (K + plan.block_size)
+    assert wanted <= draft_plan.num_tokens < wanted + draft_plan.max_model_len + plan.block_size
+    assert draft_plan.max_model_len == plan.max_model_len + K
+    assert drafter.runner.device == target.engine.runner.device
+
+
 def test_release_frees_every_block(target):
     drafter = DraftModelDrafter(
         target.config, target.engine.runner, draft_spec(target.config.model)

@@ -254,14 +254,15 @@ def load_draft(config: EngineConfig, target: ModelRunner, spec) -> tuple[ModelRu
 def draft_engine_config(
     config: EngineConfig, target: ModelRunner, spec, path: str, draft_text
 ) -> EngineConfig:
-    """The draft's EngineConfig: the target's, with the draft's file, dtype and activation
-    precision; one rank on the target's (rank 0's) device; a cache sized to the target's.
+    """The draft's EngineConfig: the target's, with the draft's file, and its dtype and
+    activation precision where `spec` gives them; one rank on the target's (rank 0's) device;
+    a cache sized to the target's.
 
-    The cache holds the tokens the target's does (`plan.num_tokens`), plus k drafts and a block
-    per sequence: the planner's cap, max_num_seqs x max_model_len, is set to that; the budget
-    it fills is the default rule's (a fraction of the memory free after the target's cache; on
-    the CPU capped, and its pages filled only as used), not `kv_cache_memory`, which is the
-    target's."""
+    The cache holds the tokens the target's does (`plan.num_tokens`) plus k drafts and a block
+    per sequence: the planner's cap, max_num_seqs x max_model_len, is set to that, and its
+    budget to what those tokens take at float32, the widest KV element (the target's own
+    `kv_cache_memory` is not shared out: the draft's comes on top, on the CPU filled only as
+    used)."""
     plan, k = target.plan, spec.num_speculative_tokens
     max_len = min(plan.max_model_len + k, draft_text.max_position_embeddings)
     wanted_tokens = plan.num_tokens + config.max_num_seqs * (k + plan.block_size)
@@ -269,12 +270,11 @@ def draft_engine_config(
     overrides = dict(
         model=path,
         dtype=getattr(spec, "dtype", None) or config.dtype,
-        activation_precision=getattr(spec, "activation_precision", None) or "auto",
-        kv_cache_dtype="auto",
-        kv_cache_memory=None,
+        activation_precision=_draft_precision(config, spec, path),
+        kv_cache_memory=max(wanted_tokens, max_len) * _kv_bytes_bound(draft_text),
         max_model_len=max_len,
         max_num_seqs=-(-wanted_tokens // (blocks_per_seq * plan.block_size)),
-        enable_prefix_caching=False,
+        enable_prefix_caching=False,  # the runner's setting (hybrid snapshots); blocks cache
         adaptive_threads=False,  # the target's tuner sets the thread count for both
         tensor_parallel_size=1,
         nnodes=1,
@@ -288,6 +288,25 @@ def draft_engine_config(
     if hasattr(config, "speculative_config"):
         overrides["speculative_config"] = None  # a draft does not draft
     return dataclasses.replace(config, **overrides)
+
+
+def _draft_precision(config: EngineConfig, spec, path: str) -> str:
+    """The spec's activation precision, else the target's setting (auto where that is int8 and
+    the draft has no GGUF weights for it)."""
+    precision = getattr(spec, "activation_precision", None)
+    if precision is not None:
+        return precision
+    if config.activation_precision == "int8" and not is_gguf(path):
+        return "auto"
+    return config.activation_precision
+
+
+def _kv_bytes_bound(text_config) -> int:
+    """K and V bytes of one token in every layer at float32: no KV dtype takes more."""
+    heads = text_config.num_attention_heads
+    kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+    return 2 * text_config.num_hidden_layers * kv_heads * head_dim * 4
 
 
 def resolve_draft_path(model: str, quant: str | None) -> str:
