@@ -14,8 +14,8 @@ Its blocks are prefix-cached as the target's are (a shared prompt or a chat's ne
 its draft KV), but only blocks of accepted tokens: a block holding drafts is never cached.
 
 The draft runs unsharded on rank 0's device (tensor parallelism shards the target only: a
-draft is small). Its cache holds as many tokens as the target's plan (plus each sequence's
-drafts), within the same budget rule (`kv_cache_memory`, else a fraction of free memory).
+draft is small). Its cache holds as many tokens as the target's plan, plus each sequence's
+drafts (`draft_engine_config`).
 """
 
 from __future__ import annotations
