@@ -173,6 +173,21 @@ def test_the_drafts_cache_holds_the_targets_tokens_and_its_drafts(target, qwen3)
     assert drafter.runner.device == target.engine.runner.device
 
 
+def test_a_rolled_back_block_taken_by_another_sequence(target):
+    """A lone sequence's decode inputs are kept across steps for its block table
+    (decode_batch.HostBuffers): a block it rolls back and another sequence then takes must not
+    stay in them when it drafts alone again."""
+    drafter = DraftModelDrafter(
+        target.config, target.engine.runner, draft_spec(target.config.model)
+    )
+    alone, other = targets((7, 5), seed=13)
+    accept(alone, drafter.propose([alone], [K])[0], 0)  # its third block held drafts: freed
+    # The other takes that block; one draft each: one forward of both, no lone decode step.
+    drafts = drafter.propose([alone, other], [1, 1])
+    accept(alone, drafts[0], 1)
+    assert drafter.propose([alone], [K])[0] == greedy(target, alone.token_ids, K)
+
+
 def test_release_frees_every_block(target):
     drafter = DraftModelDrafter(
         target.config, target.engine.runner, draft_spec(target.config.model)
