@@ -234,6 +234,34 @@ def test_a_tensor_parallel_target_drafts_on_rank_0_unsharded(tiny_model_root):
         sharded.engine.close()
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3"])
+def test_the_engine_speculating_with_a_draft_model_gives_its_own_output(tiny_model_root, arch):
+    """Through the engine (speculative_config): greedy and seeded outputs are the engine's
+    without drafts, with the target's own model as its draft (every draft accepted) and with
+    another model (drafts mostly rejected)."""
+    pytest.importorskip("axon.speculative_config", reason="the engine's speculative decoding")
+    path = str(get_tiny_model(arch, tiny_model_root).path)
+    other = str(get_tiny_model("qwen3" if arch != "qwen3" else "llama", tiny_model_root).path)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts((6, 19), seed=17)]
+    greedy_params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    seeded = SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True)
+
+    def outputs(llm, params):
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+    plain = LLM(path, **ENGINE_ARGS)
+    expected = [outputs(plain, params) for params in (greedy_params, seeded)]
+    for draft in (path, other):
+        config = {"method": "draft_model", "model": draft, "num_speculative_tokens": K}
+        llm = LLM(path, speculative_config=config, **ENGINE_ARGS)
+        assert outputs(llm, greedy_params) == expected[0], draft
+        stats = llm.engine.stats()
+        assert stats["spec_num_draft_tokens"] > 0
+        if draft == path:  # greedy drafts of the same model: the target's own tokens
+            assert stats["spec_num_accepted_tokens"] == stats["spec_num_draft_tokens"]
+        assert outputs(llm, seeded) == expected[1], draft
+
+
 def tokenizer_with(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
     backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<pad>"))
     backend.pre_tokenizer = WhitespaceSplit()
