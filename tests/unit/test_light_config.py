@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from axon.loader import load_hf_config
-from axon.loader.gguf_config import config_class
+from axon.loader.gguf_config import CONFIG_CLASSES, config_class
 from axon.loader.light_config import (
-    TEXT_DEFAULTS,
     LightConfig,
     build_config,
     generation_eos_token_id,
@@ -27,9 +26,14 @@ from tiny_configs import (
     QWEN3_5_IMAGES_TEXT,
     QWEN3_5_MOE_GGUF,
     QWEN3_5_TEXT,
+    QWEN3_5_VISION,
     QWEN3_MOE_GGUF,
     QWEN3_MOE_TP_GGUF,
+    QWEN3_VL_TEXT,
+    QWEN3_VL_VISION,
     SERVE_QWEN3,
+    TOWER_TEXT,
+    TOWER_VISION,
     make_config,
     moe_config,
 )
@@ -50,7 +54,8 @@ OPTIONAL_READS = (
     "head_dim", "hidden_activation", "layer_types", "linear_value_head_order", "mlp_bias",
     "mlp_only_layers", "partial_rotary_factor", "rope_parameters", "rope_scaling", "rope_theta",
     "sliding_window", "tie_word_embeddings", "dtype", "torch_dtype", "eos_token_id",
-    "vision_config", "text_config", "image_token_id",
+    "vision_config", "text_config", "image_token_id", "vision_start_token_id",
+    "deepstack_visual_indexes",
 )  # fmt: skip
 
 
@@ -61,11 +66,14 @@ def _value(value):
     return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
 
 
-def assert_same(light: LightConfig, reference) -> None:
-    """Every attribute of either side (less transformers' bookkeeping) has the same value."""
+def assert_same(light: LightConfig, reference, nested: bool = True) -> None:
+    """Every attribute of either side (less transformers' bookkeeping) has the same value;
+    `nested=False` leaves the sub-configs to their own comparison."""
     assert light.model_type == reference.model_type
     names = set(light.__dict__) | {f.name for f in dataclasses.fields(reference)}
     names |= {n for n in reference.__dict__ if not n.startswith("__")}
+    if not nested:
+        names -= {"text_config", "vision_config"}
     differ = [
         f"{name}: {getattr(light, name, '<absent>')!r} != {getattr(reference, name, '<absent>')!r}"
         for name in sorted(names - TRANSFORMERS_ONLY)
@@ -74,7 +82,8 @@ def assert_same(light: LightConfig, reference) -> None:
     assert not differ, "; ".join(differ)
     for name in OPTIONAL_READS:
         assert hasattr(light, name) == hasattr(reference, name), name
-    assert light.get_text_config() is light
+    if nested:
+        assert light.get_text_config() is light
 
 
 def _tiny_configs():
@@ -175,7 +184,9 @@ def test_older_config_json_shapes_read_as_transformers_does(tmp_path, label):
     from transformers import AutoConfig
 
     (tmp_path / "config.json").write_text(json.dumps(_OLDER_SHAPES[label]))
-    assert_same(load_hf_config(str(tmp_path)), AutoConfig.from_pretrained(tmp_path))
+    light = load_hf_config(str(tmp_path))
+    assert isinstance(light, LightConfig)
+    assert_same(light, AutoConfig.from_pretrained(tmp_path))
 
 
 def _gguf_kwargs(label: str) -> tuple[str, dict]:
@@ -221,21 +232,68 @@ def _gguf_kwargs(label: str) -> tuple[str, dict]:
     return label, {**common, **extra}
 
 
-@pytest.mark.parametrize("model_type", sorted(TEXT_DEFAULTS))
+@pytest.mark.parametrize("model_type", sorted(CONFIG_CLASSES))
 def test_gguf_metadata_kwargs_build_what_transformers_builds(model_type):
     _, kwargs = _gguf_kwargs(model_type)
     reference = config_class(model_type)(**copy.deepcopy(kwargs))
     assert_same(build_config(model_type, copy.deepcopy(kwargs)), reference)
 
 
-def test_multimodal_configs_still_come_from_transformers(tmp_path):
-    from transformers import Qwen3_5Config
+IMAGE_IDS = dict(image_token_id=7, vision_start_token_id=5, vision_end_token_id=6)
+
+
+def _multimodal_configs():
+    """(label, transformers config) for the suite's multimodal wrappers."""
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig, Qwen3VLConfig
 
     text = {**QWEN3_5_TEXT, "model_type": "qwen3_5_text"}
-    Qwen3_5Config(text_config=text).save_pretrained(tmp_path)
-    config = load_hf_config(str(tmp_path))
-    assert type(config).__name__ == "Qwen3_5Config"
-    assert config.get_text_config().layer_types == QWEN3_5_TEXT["layer_types"]
+    yield "qwen3_5", Qwen3_5Config(text_config=text, vision_config=dict(QWEN3_5_VISION))
+    yield (
+        "qwen3_5_images",
+        Qwen3_5Config(
+            text_config={**QWEN3_5_IMAGES_TEXT}, vision_config=dict(QWEN3_5_VISION), **IMAGE_IDS
+        ),
+    )
+    yield "qwen3_5_no_vision", Qwen3_5Config(text_config=text)
+    yield "tower", Qwen3_5Config(text_config=dict(TOWER_TEXT), vision_config=dict(TOWER_VISION))
+    moe = moe_config("qwen3_5_moe_text").to_dict()
+    yield (
+        "qwen3_5_moe",
+        Qwen3_5MoeConfig(
+            text_config=moe, vision_config=dict(QWEN3_5_VISION), tie_word_embeddings=False
+        ),
+    )
+    yield (
+        "qwen3_vl",
+        Qwen3VLConfig(
+            text_config=dict(QWEN3_VL_TEXT), vision_config=dict(QWEN3_VL_VISION), **IMAGE_IDS
+        ),
+    )
+    yield "qwen3_vl_defaults", Qwen3VLConfig()
+
+
+MULTIMODAL = list(_multimodal_configs())
+
+
+@pytest.mark.parametrize(("label", "config"), MULTIMODAL, ids=[label for label, _ in MULTIMODAL])
+def test_multimodal_config_json_reads_as_transformers_does(tmp_path, label, config):
+    from transformers import AutoConfig
+
+    config.save_pretrained(tmp_path)
+    light = load_hf_config(str(tmp_path))
+    reference = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(light, LightConfig)
+    assert_same(light, reference, nested=False)
+    assert_same(light.text_config, reference.text_config)
+    assert_same(light.vision_config, reference.vision_config)
+    assert light.get_text_config() is light.text_config
+
+
+def test_unknown_model_types_still_come_from_transformers(tmp_path):
+    from transformers import MistralConfig
+
+    MistralConfig(hidden_size=64, num_attention_heads=4).save_pretrained(tmp_path)
+    assert type(load_hf_config(str(tmp_path))).__name__ == "MistralConfig"
 
 
 def test_light_config_survives_pickling():

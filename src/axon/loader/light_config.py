@@ -1,14 +1,15 @@
 """A model's config without transformers: config.json (or a GGUF file's metadata) read into the
 attributes transformers' config class of the same `model_type` would hold.
 
-Importing a transformers config class costs an engine process, a server's engine and every
-tensor-parallel rank 0.5-1.5 s (the package, and for Llama `configuration_llama`'s validators
-pull in torch.distributed.tensor). The text families axon runs are plain dataclasses: their
-defaults and `__post_init__` rules (head_dim, KV heads, sliding windows, layer schedules, RoPE
-parameters from `rope_theta` / `rope_scaling`) are restated here, and
-`tests/unit/test_light_config.py` compares every attribute with transformers' on the suite's
-configs. A `model_type` not in `TEXT_DEFAULTS` (the multimodal wrappers) still comes from
-transformers' `AutoConfig`.
+Importing transformers' config classes costs every engine process, server engine and
+tensor-parallel rank 0.5-1.5 s (the package; for Llama, `configuration_llama`'s validators pull
+in torch.distributed.tensor). The config classes of the model types axon runs are dataclasses:
+their defaults (loader/config_defaults.py) and `__post_init__` rules (head_dim, KV heads,
+sliding windows, layer schedules, RoPE parameters from `rope_theta` / `rope_scaling`, the
+multimodal wrappers' text and vision configs) are restated here, and
+tests/unit/test_light_config.py compares every attribute with transformers' on the suite's
+configs. A `model_type` axon does not run still comes from transformers' `AutoConfig`, so that
+the model registry names it in its error.
 """
 
 from __future__ import annotations
@@ -17,90 +18,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-_LLAMA_LIKE = dict(
-    initializer_range=0.02, rms_norm_eps=1e-6, use_cache=True,
-    tie_word_embeddings=False, rope_parameters=None, attention_dropout=0.0,
-    pad_token_id=None, bos_token_id=None, eos_token_id=None,
-)  # fmt: skip
-_QWEN_WINDOW = dict(use_sliding_window=False, sliding_window=4096, max_window_layers=28)
-_GATED_DELTA = dict(
-    head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-    linear_num_key_heads=16, linear_num_value_heads=32, layer_types=None, attention_bias=False,
-)  # fmt: skip
-_MOE = dict(num_experts_per_tok=8, output_router_logits=False, router_aux_loss_coef=0.001)
-
-# Each class's declared fields and their defaults (transformers 5's dataclass configs).
-TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(
-        _LLAMA_LIKE, hidden_act="silu", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=None,
-        max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pretraining_tp=1,
-        attention_bias=False, mlp_bias=False, head_dim=None,
-    ),
-    "qwen2": dict(
-        _LLAMA_LIKE, hidden_act="silu", **_QWEN_WINDOW, vocab_size=151936, hidden_size=4096,
-        intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=32, max_position_embeddings=32768, layer_types=None,
-    ),
-    "qwen3": dict(
-        _LLAMA_LIKE, hidden_act="silu", **_QWEN_WINDOW, vocab_size=151936, hidden_size=4096,
-        intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=32, head_dim=128, max_position_embeddings=32768,
-        attention_bias=False, layer_types=None,
-    ),
-    "gemma3_text": dict(
-        _LLAMA_LIKE, vocab_size=262_208, hidden_size=2304, intermediate_size=9216,
-        num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131_072,
-        pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True,
-        attention_bias=False, query_pre_attn_scalar=256, sliding_window=4096,
-        layer_types=None, final_logit_softcapping=None, attn_logit_softcapping=None,
-        use_bidirectional_attention=False,
-    ),
-    "qwen3_moe": dict(
-        _LLAMA_LIKE, hidden_act="silu", **_MOE, vocab_size=151936, hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4,
-        max_position_embeddings=32768, attention_bias=False, use_sliding_window=False,
-        sliding_window=4096, decoder_sparse_step=1, moe_intermediate_size=768,
-        num_experts=128, norm_topk_prob=False, mlp_only_layers=None,
-    ),
-    "qwen3_5_text": dict(
-        _LLAMA_LIKE, hidden_act="silu", **_GATED_DELTA, vocab_size=248320, hidden_size=4096,
-        intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16,
-        num_key_value_heads=4, max_position_embeddings=32768,
-    ),
-    "qwen3_5_moe_text": dict(
-        _LLAMA_LIKE, hidden_act="silu", **_GATED_DELTA, **_MOE, vocab_size=248320, hidden_size=2048,
-        num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
-        max_position_embeddings=32768, moe_intermediate_size=512,
-        shared_expert_intermediate_size=512, num_experts=256,
-    ),
-}  # fmt: skip
-# transformers' attribute_map: the checkpoint's name for a field, and the name axon reads.
-_ALIASES = {"qwen3_moe": {"num_local_experts": "num_experts"}}
-_BASE_DEFAULTS = dict(architectures=None, dtype=None, transformers_version=None)
-
-# Keys PreTrainedConfig drops from config.json: generation settings belong to
-# generation_config.json, and these name the loading rather than the model.
-_DROPPED = frozenset(
-    (
-        "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "temperature",
-        "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
-        "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-        "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-        "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-        "suppress_tokens", "begin_suppress_tokens", "epsilon_cutoff", "eta_cutoff",
-        "encoder_repetition_penalty", "num_assistant_tokens", "num_assistant_tokens_schedule",
-        "assistant_confidence_threshold", "assistant_lookbehind", "target_lookbehind",
-        "num_beam_groups", "diversity_penalty", "_commit_hash", "name_or_path", "output_attentions",
-        "attn_implementation", "experts_implementation", "per_layer_config", "_attn_implementation",
-        "_attn_implementation_internal", "_experts_implementation",
-        "_experts_implementation_internal"
-    )
-)  # fmt: skip
-_LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
-_ORIGINAL_LENGTH_ROPE_TYPES = ("llama3", "yarn", "longrope")
+from axon.loader.config_defaults import (
+    ALIASES,
+    BASE_DEFAULTS,
+    COMPOSITES,
+    DEFAULT_ROPE_THETA,
+    DROPPED,
+    LEGACY_LAYER_TYPES,
+    ORIGINAL_LENGTH_ROPE_TYPES,
+    TEXT_DEFAULTS,
+    VISION_DEFAULTS,
+)
 
 
 class LightConfig:
@@ -112,7 +40,8 @@ class LightConfig:
         self.model_type = model_type
 
     def get_text_config(self) -> LightConfig:
-        return self
+        """The text model's config: a wrapper's `text_config`, else this one."""
+        return self.__dict__.get("text_config") or self
 
     # transformers' older names for two fields, kept as its configs keep them.
     @property
@@ -131,13 +60,13 @@ class LightConfig:
 
 
 def read_config_json(model_dir: str | Path):
-    """The config of the model directory `model_dir`: a LightConfig for the text families,
-    transformers' AutoConfig for the rest."""
+    """The config of the model directory `model_dir` (a LightConfig for every model type
+    axon runs)."""
     raw = json.loads((Path(model_dir) / "config.json").read_text())
     model_type = raw.get("model_type")
-    if model_type in TEXT_DEFAULTS:
+    if model_type in TEXT_DEFAULTS or model_type in COMPOSITES:
         return build_config(model_type, raw)
-    from transformers import AutoConfig  # lazy: multimodal wrappers only, 0.5-1.5 s
+    from transformers import AutoConfig  # lazy: a model type axon does not run (an error next)
 
     return AutoConfig.from_pretrained(model_dir)
 
@@ -153,32 +82,68 @@ def generation_eos_token_id(model_dir: str | Path) -> int | list[int] | None:
 
 
 def build_config(model_type: str, kwargs: dict[str, Any]) -> LightConfig:
-    """What `ConfigClass(**kwargs)` holds, for `model_type` in TEXT_DEFAULTS."""
-    extra = {key: value for key, value in kwargs.items() if key != "model_type"}
-    aliases = _ALIASES.get(model_type, {})
+    """What `ConfigClass(**kwargs)` holds, for `model_type` one of TEXT_DEFAULTS,
+    VISION_DEFAULTS or COMPOSITES."""
+    if model_type in COMPOSITES:
+        return _build_composite(model_type, kwargs)
+    extra = dict(kwargs)
+    shown_type = extra.pop("model_type", model_type)  # an instance attribute in transformers
+    aliases = ALIASES.get(model_type, {})
     for alias, name in aliases.items():
         if alias in extra:
             extra[name] = extra.pop(alias)
-    fields = dict(_BASE_DEFAULTS)
-    for name, default in TEXT_DEFAULTS[model_type].items():
-        fields[name] = extra.pop(name) if name in extra else _copy(default)
-    for name in _BASE_DEFAULTS:
-        if name in extra:
-            fields[name] = extra.pop(name)
+    defaults = TEXT_DEFAULTS.get(model_type) or VISION_DEFAULTS[model_type]
+    fields = _declared(defaults, extra)
     _FAMILY_RULES.get(model_type, _no_rules)(fields, extra)
-    torch_dtype = extra.pop("torch_dtype", None)
-    if torch_dtype is not None and fields["dtype"] is None:
-        fields["dtype"] = torch_dtype
+    _dtype(fields, extra)
     if model_type == "gemma3_text":
         _gemma3_rope(fields, extra)
     else:
-        _convert_rope(fields, extra)
-    fields.update({key: value for key, value in extra.items() if key not in _DROPPED})
+        _convert_rope(fields, extra, model_type)
+    _finish(fields, extra)
+    fields.update({alias: fields[name] for alias, name in aliases.items()})
+    return LightConfig(shown_type, fields)
+
+
+def _build_composite(model_type: str, kwargs: dict[str, Any]) -> LightConfig:
+    """A multimodal wrapper: its text and vision configs built by their own classes' rules
+    (from their defaults where config.json has none), its own fields around them."""
+    text_type, vision_type, own = COMPOSITES[model_type]
+    extra = dict(kwargs)
+    extra.pop("model_type", None)
+    fields = _declared({"text_config": None, "vision_config": None, **own}, extra)
+    vision = fields["vision_config"]
+    if isinstance(vision, dict) and vision.get("model_type") == model_type:
+        vision["model_type"] = vision_type
+    fields["vision_config"] = build_config(vision_type, dict(vision or {}))
+    fields["text_config"] = build_config(text_type, dict(fields["text_config"] or {}))
+    _dtype(fields, extra)
+    _finish(fields, extra)
+    return LightConfig(model_type, fields)
+
+
+def _declared(defaults: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """A class's declared fields (and PreTrainedConfig's): from `extra`, which loses them, or
+    their defaults."""
+    fields = {}
+    for name, default in {**BASE_DEFAULTS, **defaults}.items():
+        fields[name] = extra.pop(name) if name in extra else _copy(default)
+    return fields
+
+
+def _dtype(fields: dict, extra: dict) -> None:
+    torch_dtype = extra.pop("torch_dtype", None)
+    if torch_dtype is not None and fields["dtype"] is None:
+        fields["dtype"] = torch_dtype
+
+
+def _finish(fields: dict, extra: dict) -> None:
+    """config.json's other keys become attributes, as transformers sets them; older layer-type
+    names get their current ones."""
+    fields.update({key: value for key, value in extra.items() if key not in DROPPED})
     for key in ("layer_types", "mtp_layer_types"):
         if fields.get(key) is not None:
-            fields[key] = [_LEGACY_LAYER_TYPES.get(kind, kind) for kind in fields[key]]
-    fields.update({alias: fields[name] for alias, name in aliases.items()})
-    return LightConfig(model_type, fields)
+            fields[key] = [LEGACY_LAYER_TYPES.get(kind, kind) for kind in fields[key]]
 
 
 def _copy(value):
@@ -252,12 +217,12 @@ _FAMILY_RULES = {
 }
 
 
-def _convert_rope(fields: dict, extra: dict) -> None:
+def _convert_rope(fields: dict, extra: dict, model_type: str) -> None:
     """`rope_parameters` from config.json's newer dict or its older `rope_theta` /
     `rope_scaling` / `partial_rotary_factor` keys (PreTrainedConfig's rules)."""
     rope_scaling = extra.pop("rope_scaling", None)
     params = rope_scaling or fields["rope_parameters"] or {}
-    theta = extra.pop("rope_theta", 10_000.0)
+    theta = extra.pop("rope_theta", DEFAULT_ROPE_THETA.get(model_type, 10_000.0))
     partial = extra.pop("partial_rotary_factor", None)
     nested = _nested_keys(fields, params)
     for entry in [params[key] for key in nested] or [params]:
@@ -267,7 +232,7 @@ def _convert_rope(fields: dict, extra: dict) -> None:
         if partial is not None:
             entry.setdefault("partial_rotary_factor", partial)
     fields["rope_parameters"] = params
-    _standardize_rope(fields)
+    _standardize_rope(fields, "axial" if model_type in VISION_DEFAULTS else "default")
 
 
 def _gemma3_rope(fields: dict, extra: dict) -> None:
@@ -297,9 +262,10 @@ def _nested_keys(fields: dict, params: dict) -> list[str]:
     return [key for key in params if key in labels]
 
 
-def _standardize_rope(fields: dict) -> None:
-    """Each rotary dict gets its `rope_type` (an older `type` key names it) and, for the types
-    that scale from a pretraining length, `original_max_position_embeddings`."""
+def _standardize_rope(fields: dict, default_type: str = "default") -> None:
+    """Each rotary dict gets its `rope_type` (an older `type` key names it; a vision tower's
+    "default" is "axial") and, for the types that scale from a pretraining length,
+    `original_max_position_embeddings`."""
     params = fields["rope_parameters"] or {}
     if not params:
         return
@@ -308,6 +274,8 @@ def _standardize_rope(fields: dict) -> None:
     for entry in entries:
         entry.setdefault("rope_type", entry.get("type", "default"))
         entry.setdefault("rope_theta", None)
-        if entry["rope_type"] in _ORIGINAL_LENGTH_ROPE_TYPES:
+        if entry["rope_type"] == "default":
+            entry["rope_type"] = default_type
+        if entry["rope_type"] in ORIGINAL_LENGTH_ROPE_TYPES:
             entry.setdefault("original_max_position_embeddings", fields["max_position_embeddings"])
     fields["rope_parameters"] = params
