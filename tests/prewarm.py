@@ -4,8 +4,9 @@ does. scripts/setup.sh runs it in the background, beside axon's own prewarm.
 
 In order: the kernel variants (tests/c_builds.py); then, at once, the GGUF files llama.cpp's
 converter makes of the tiny Qwen3-MoE / Qwen3.5 checkpoints (the fixtures themselves, set up by
-`pytest --setup-only`, so the files are the ones the tests would make) and the tokenizers
-transformers reads from llama.cpp's vocab GGUFs (tests/tokenizer/test_real_vocab.py's cache).
+`pytest --setup-only`, so the files are the ones the tests would make); beside them, the
+tokenizers transformers reads from llama.cpp's vocab GGUFs (tests/tokenizer/test_real_vocab.py's
+cache) and transformers' greedy tokens on the demo model (tests/quant/test_demo_model.py's).
 Each entry is filled under the cache lock the tests take, so a run started meanwhile waits for
 it rather than building it twice. Every failure is reported and left to the tests to redo.
 """
@@ -64,16 +65,35 @@ def vocab_tokenizers() -> list[str]:
     return [f"vocab tokenizers: {len(GGUF_VOCABS) + len(UNCONVERTIBLE)} ready"]
 
 
+def demo_reference() -> list[str]:
+    """test_demo_model's transformers greedy tokens on the demo GGUF (a minute of numpy
+    dequantizing and generating), keyed as the test keys them: the prompts as `LLM` tokenizes
+    them."""
+    from axon.demo import demo_model_path
+    from axon.tokenizer.loading import load_tokenizer
+    from quant.test_demo_model import PROMPTS, _transformers_greedy
+
+    try:
+        path = demo_model_path()
+    except FileNotFoundError:
+        return ["demo reference: no demo model"]
+    tokenizer = load_tokenizer(str(path))
+    _transformers_greedy(path, [tokenizer.encode(prompt) for prompt in PROMPTS])
+    return ["demo reference: ready"]
+
+
 def main() -> int:
     sys.path[:0] = [str(TESTS), str(TESTS.parent / "src")]
     started = time.monotonic()
     for line in kernel_variants():
         print(line, flush=True)
     process = fixtures()
-    try:
-        lines = vocab_tokenizers()
-    except Exception as exc:  # the tests build it again, and report it properly
-        lines = [f"vocab tokenizers: not built ({type(exc).__name__}: {exc})"]
+    lines = []
+    for step in (vocab_tokenizers, demo_reference):
+        try:
+            lines += step()
+        except Exception as exc:  # the tests build it again, and report it properly
+            lines.append(f"{step.__name__}: not built ({type(exc).__name__}: {exc})")
     output = process.communicate()[0]
     lines.append(
         "GGUF fixtures: ready"
