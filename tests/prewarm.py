@@ -65,6 +65,18 @@ def vocab_tokenizers() -> list[str]:
     return [f"vocab tokenizers: {len(GGUF_VOCABS) + len(UNCONVERTIBLE)} ready"]
 
 
+def tp_gguf_tokenizer() -> list[str]:
+    """axon's cached tokenizer of the tensor-parallel MoE test's GGUF file, the one converter
+    file a test loads through `LLM` (its 151k-token vocabulary: ~25 s to read)."""
+    from axon.tokenizer.gguf_tokenizer import load_gguf_tokenizer
+    from llama_cpp_sdist import CACHE
+
+    files = sorted(CACHE.glob("qwen3moe-tp-gguf/*/q8_0.gguf"), key=lambda p: p.stat().st_mtime)
+    if files:
+        load_gguf_tokenizer(files[-1])  # the newest: the one the fixture just made or reused
+    return [f"tensor-parallel GGUF tokenizer: {'ready' if files else 'no file'}"]
+
+
 def demo_reference() -> list[str]:
     """test_demo_model's transformers greedy tokens on the demo GGUF (a minute of numpy
     dequantizing and generating), keyed as the test keys them: the prompts as `LLM` tokenizes
@@ -95,11 +107,11 @@ def main() -> int:
         except Exception as exc:  # the tests build it again, and report it properly
             lines.append(f"{step.__name__}: not built ({type(exc).__name__}: {exc})")
     output = process.communicate()[0]
-    lines.append(
-        "GGUF fixtures: ready"
-        if process.returncode == 0
-        else f"GGUF fixtures: not built (pytest exit {process.returncode}): {output[-500:]}"
-    )
+    if process.returncode == 0:
+        lines += ["GGUF fixtures: ready", *tp_gguf_tokenizer()]
+    else:
+        status = process.returncode
+        lines.append(f"GGUF fixtures: not built (pytest exit {status}): {output[-500:]}")
     for line in lines:
         print(line, flush=True)
     print(f"test caches ready in {time.monotonic() - started:.0f} s", flush=True)
