@@ -96,6 +96,7 @@ def demo_reference() -> list[str]:
 
 def main() -> int:
     sys.path[:0] = [str(TESTS), str(TESTS.parent / "src")]
+    os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' and the converter's progress bars
     started = time.monotonic()
     for line in kernel_variants():
         print(line, flush=True)
