@@ -90,17 +90,19 @@ install_chat_demo
 # What the first `axon serve` would do otherwise (C kernels, the demo models and their tokenizers,
 # into ~/.cache/axon): later starts, the first one included, find them ready.
 log "prewarming axon's cache"
-# Beside it, on the core its one compiler leaves idle: the kernel variants the test suite
-# compiles (tests/c_builds.py), so that the suite's first run finds them built.
-test_kernels=
-if [[ -f tests/c_builds.py ]]; then
-    "$PY" tests/c_builds.py >"$VENV/test-kernels.log" 2>&1 &
-    test_kernels=$!
+# Beside it, on the core its one compiler leaves idle: what the test suite would build in its
+# first run (tests/prewarm.py: kernel variants, llama.cpp's converter's GGUF files of the tiny
+# checkpoints, tokenizers read from llama.cpp's vocab files), so that the first run is a warm one.
+test_caches=
+if [[ -f tests/prewarm.py ]]; then
+    log "prewarming the test suite's cache in the background"
+    "$PY" tests/prewarm.py >"$VENV/test-caches.log" 2>&1 &
+    test_caches=$!
 fi
 "$PY" -m axon.prewarm | sed 's/^/[setup]   /'
-if [[ -n $test_kernels ]]; then
-    wait "$test_kernels" || log "the test kernel builds failed (the tests build them again):"
-    sed 's/^/[setup]   /' "$VENV/test-kernels.log"
+if [[ -n $test_caches ]]; then
+    wait "$test_caches" || log "the test cache prewarm failed (the tests build what it missed):"
+    sed 's/^/[setup]   /' "$VENV/test-caches.log"
 fi
 
 log "done:"

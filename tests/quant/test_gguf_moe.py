@@ -42,7 +42,7 @@ from axon.config import EngineConfig
 from axon.engine.engine_core import EngineCore
 from axon.kernels import ggml_cpu
 from axon.layers.fused_moe import QuantizedExperts
-from axon.loader.gguf_config import gguf_to_hf_config
+from axon.loader.gguf_config import config_class, gguf_config_kwargs, gguf_to_hf_config
 from axon.loader.gguf_reader import BulkGGUFReader
 from axon.sampling_params import SamplingParams
 from llama_cpp_sdist import CACHE, cache_lock, extract_llama_cpp
@@ -53,6 +53,7 @@ from quant.test_gguf_qwen3_5 import _GLOBAL_NAMES as _QWEN35_GLOBAL_NAMES
 from quant.test_gguf_qwen3_5 import _LAYER_NAMES as _QWEN35_LAYER_NAMES
 from quant.test_gguf_qwen3_5 import _undo_converter as _undo_qwen35_converter
 from tiny_configs import QWEN3_5_MOE_GGUF, QWEN3_MOE_GGUF
+from unit.test_light_config import assert_same
 
 OUTTYPES = ("f32", "q8_0")
 PROMPTS = random_prompts((1, 5, 17, 40), seed=3)
@@ -257,6 +258,8 @@ def test_config_comes_from_metadata(gguf_files, checkpoint):
     got = gguf_to_hf_config(BulkGGUFReader(str(gguf_files["q8_0"])))
     want = checkpoint.config
     assert got.model_type == "qwen3_moe"
+    model_type, kwargs = gguf_config_kwargs(BulkGGUFReader(str(gguf_files["q8_0"])))
+    assert_same(got, config_class(model_type)(**kwargs))
     for key in (
         "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size",
         "mlp_only_layers", "norm_topk_prob", "num_hidden_layers", "head_dim", "vocab_size",
@@ -268,6 +271,8 @@ def test_qwen35moe_config_comes_from_metadata(qwen35moe_files, qwen35moe_checkpo
     got = gguf_to_hf_config(BulkGGUFReader(str(qwen35moe_files["q8_0"])))
     want = qwen35moe_checkpoint.config
     assert got.model_type == "qwen3_5_moe_text"
+    model_type, kwargs = gguf_config_kwargs(BulkGGUFReader(str(qwen35moe_files["q8_0"])))
+    assert_same(got, config_class(model_type)(**kwargs))
     assert got.linear_value_head_order == "tiled"
     for key in (
         "num_experts", "num_experts_per_tok", "moe_intermediate_size",

@@ -32,12 +32,13 @@ from axon.config import EngineConfig
 from axon.engine.engine_core import EngineCore
 from axon.kernels import ggml_cpu
 from axon.loader.gguf import iterate_gguf
-from axon.loader.gguf_config import gguf_to_hf_config
+from axon.loader.gguf_config import config_class, gguf_config_kwargs, gguf_to_hf_config
 from axon.loader.gguf_reader import BulkGGUFReader
 from axon.sampling_params import SamplingParams
 from llama_cpp_sdist import CACHE, cache_lock, extract_llama_cpp
 from model.qwen3_5_tiny import build_qwen3_5, qwen3_5_engine_kwargs, swap_value_heads
 from model.tiny_models import TinyModel, random_prompts
+from unit.test_light_config import assert_same
 
 VOCAB_SIZE = 248_320  # Qwen3.5's (padded); the converter checks the tokenizer's pre-tokenizer
 OUTTYPES = ("f32", "q8_0", "f16")
@@ -242,6 +243,8 @@ def test_config_comes_from_metadata(gguf_files, checkpoint):
     want = checkpoint.config
     got = gguf_to_hf_config(BulkGGUFReader(str(gguf_files["q8_0"])))
     assert got.model_type == "qwen3_5_text"
+    model_type, kwargs = gguf_config_kwargs(BulkGGUFReader(str(gguf_files["q8_0"])))
+    assert_same(got, config_class(model_type)(**kwargs))
     assert got.linear_value_head_order == "tiled"
     for key in (
         "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",

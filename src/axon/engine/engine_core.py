@@ -18,6 +18,7 @@ from axon.engine.drafting import make_drafter
 from axon.engine.pooler import Pooler
 from axon.engine.scheduler import Scheduler
 from axon.engine.speculation import Speculator, empty_stats, verify_rows
+from axon.loader.light_config import generation_eos_token_id
 from axon.loader.pooling import load_pooling_config, resolve_task
 from axon.outputs import TokenUpdate
 from axon.runner.model_runner import ModelRunner
@@ -34,13 +35,7 @@ logger = logging.getLogger(__name__)
 def eos_token_ids_of(model_dir: str, hf_config) -> frozenset[int]:
     """EOS ids from generation_config.json (which may list several) and config.json."""
     ids: set[int] = set()
-    candidates = [getattr(hf_config, "eos_token_id", None)]
-    try:
-        from transformers import GenerationConfig
-
-        candidates.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
-    except OSError:
-        pass
+    candidates = [getattr(hf_config, "eos_token_id", None), generation_eos_token_id(model_dir)]
     for value in candidates:
         if isinstance(value, int):
             ids.add(value)

@@ -5,21 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from axon.loader.light_config import read_config_json
+
 
 def is_gguf(path: str | Path) -> bool:
     return str(path).endswith(".gguf") and Path(path).is_file()
 
 
 def load_hf_config(path: str):
-    """The transformers config of a model directory or GGUF file."""
+    """The config of a model directory or GGUF file: transformers' attributes and values
+    (loader/light_config.py)."""
     if is_gguf(path):
         from axon.loader.gguf import open_gguf  # lazy: torch
         from axon.loader.gguf_config import gguf_to_hf_config  # lazy: torch
 
         return gguf_to_hf_config(open_gguf(str(path)))
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(path)
+    return read_config_json(path)
 
 
 def iterate_weights(path: str) -> Iterator[tuple[str, object]]:

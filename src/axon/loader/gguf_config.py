@@ -1,4 +1,4 @@
-"""A transformers config built from a GGUF file's metadata."""
+"""A model config built from a GGUF file's metadata."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 from gguf import GGUFReader
 
 from axon.loader.gguf import _MODEL_TYPES, architecture, field_value, num_text_layers
+from axon.loader.light_config import LightConfig, build_config
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-# The config class of each model type, imported from its own module: AutoConfig's table
-# (models/auto/configuration_auto) is more to import in the engine, for nothing it needs.
+# The transformers config class of each model type, which build_config restates: the tests
+# compare the two (tests/unit/test_light_config.py).
 CONFIG_CLASSES = {
     "llama": ("llama.configuration_llama", "LlamaConfig"),
     "qwen2": ("qwen2.configuration_qwen2", "Qwen2Config"),
@@ -28,9 +29,15 @@ GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: five sliding layers, then one glo
 GEMMA3_SWA_ROPE_BASE = 10_000.0
 
 
-def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
-    """The HF config (model_type one of llama, qwen2, qwen3, gemma3_text, qwen3_5_text,
-    qwen3_moe, qwen3_5_moe_text) of a GGUF file."""
+def gguf_to_hf_config(reader: GGUFReader) -> LightConfig:
+    """The config (model_type one of llama, qwen2, qwen3, gemma3_text, qwen3_5_text,
+    qwen3_moe, qwen3_5_moe_text) of a GGUF file: what transformers' class would hold."""
+    model_type, kwargs = gguf_config_kwargs(reader)
+    return build_config(model_type, kwargs)
+
+
+def gguf_config_kwargs(reader: GGUFReader) -> tuple[str, dict]:
+    """(model_type, the keyword arguments of its config class) read from a GGUF file."""
     arch = architecture(reader)
 
     def get(key: str, default=None):
@@ -61,11 +68,12 @@ def gguf_to_hf_config(reader: GGUFReader) -> PretrainedConfig:
         kwargs.update(_qwen35_kwargs(reader, arch, kwargs))
     if arch in ("qwen3moe", "qwen35moe"):
         kwargs.update(_moe_kwargs(reader, arch, names, kwargs["num_hidden_layers"]))
-    return config_class(_MODEL_TYPES[arch])(**kwargs)
+    return _MODEL_TYPES[arch], kwargs
 
 
 def config_class(model_type: str) -> type[PretrainedConfig]:
-    """The transformers config class of `model_type` (what AutoConfig.for_model would make)."""
+    """The transformers config class of `model_type` (what AutoConfig.for_model would make);
+    the tests' oracle for build_config."""
     module, name = CONFIG_CLASSES[model_type]
     return getattr(importlib.import_module(f"transformers.models.{module}"), name)
 
