@@ -18,7 +18,7 @@ from axon.engine.drafting import make_drafter
 from axon.engine.pooler import Pooler
 from axon.engine.scheduler import Scheduler
 from axon.engine.speculation import Speculator, empty_stats, verify_rows
-from axon.loader.light_config import generation_eos_token_id
+from axon.loader.light_config import eos_token_ids
 from axon.loader.pooling import load_pooling_config, resolve_task
 from axon.outputs import TokenUpdate
 from axon.runner.model_runner import ModelRunner
@@ -30,18 +30,6 @@ from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
 
 logger = logging.getLogger(__name__)
-
-
-def eos_token_ids_of(model_dir: str, hf_config) -> frozenset[int]:
-    """EOS ids from generation_config.json (which may list several) and config.json."""
-    ids: set[int] = set()
-    candidates = [getattr(hf_config, "eos_token_id", None), generation_eos_token_id(model_dir)]
-    for value in candidates:
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(v) for v in value)
-    return frozenset(ids)
 
 
 class EngineCore:
@@ -70,7 +58,7 @@ class EngineCore:
         # --prefix-cache-dir: the prefix cache's disk tier (None without it)
         self.disk_tier = DiskTier.open(config, self.runner, self.block_manager, self.state_slots)
         self.max_model_len = plan.max_model_len
-        self.eos_token_ids = eos_token_ids_of(config.model, self.runner.text_config)
+        self.eos_token_ids = eos_token_ids(config.model, self.runner.text_config)
         self.task = resolve_task(config.task, config.model)
         self.pooler = None  # the embed task's: each prompt's pooled hidden state is its output
         if self.task == "embed":

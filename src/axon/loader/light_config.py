@@ -81,6 +81,17 @@ def generation_eos_token_id(model_dir: str | Path) -> int | list[int] | None:
     return raw.get("eos_token_id")
 
 
+def eos_token_ids(model_dir: str | Path, hf_config) -> frozenset[int]:
+    """EOS ids from generation_config.json (which may list several) and config.json."""
+    ids: set[int] = set()
+    for value in (getattr(hf_config, "eos_token_id", None), generation_eos_token_id(model_dir)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
 def build_config(model_type: str, kwargs: dict[str, Any]) -> LightConfig:
     """What `ConfigClass(**kwargs)` holds, for `model_type` one of TEXT_DEFAULTS,
     VISION_DEFAULTS or COMPOSITES."""
