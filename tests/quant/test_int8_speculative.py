@@ -2,7 +2,8 @@
 a token's logits do not depend on the shape of the step that computes it. A row of a verify
 chunk (a decode token and its drafts) equals, to the bit, the same token computed by a decode
 step; a prompt of more than 64 tokens (rotary's table path) gives the same logits prefilled
-whole or after a prefix hit; and greedy output with n-gram drafts is the output without them."""
+whole or after a prefix hit, a decode row beside a long prompt chunk the same as alone; and
+greedy output with n-gram drafts is the output without them."""
 
 from __future__ import annotations
 
@@ -96,3 +97,17 @@ def test_greedy_ngram_output_is_the_output_without_drafts(qwen3_q4_k):
     want = [o.outputs[0].token_ids for o in base.generate(prompts, greedy)]
     assert [o.outputs[0].token_ids for o in spec.generate(prompts, greedy)] == want
     assert spec.engine.stats()["spec_num_draft_tokens"] > 0
+
+
+def test_a_decode_row_beside_a_long_prefill_chunk_equals_it_alone(qwen3_q4_k):
+    """A step of more than 64 rows (a prompt chunk beside the decodes): rotary's table path
+    rotates the decode rows as a decode step does, so their log-probabilities match."""
+    llm = LLM(model=qwen3_q4_k, **ENGINE_ARGS, max_num_batched_tokens=96)
+    short, long = random_prompts((120, 240), seed=13)  # late positions: cos / sin differ more
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
+    (alone,) = llm.generate([{"prompt_token_ids": short}], params)
+    llm.engine.reset_prefix_cache()
+    beside, _ = llm.generate([{"prompt_token_ids": p} for p in (short, long)], params)
+    assert alone.outputs[0].token_ids == beside.outputs[0].token_ids
+    for a, b in zip(alone.outputs[0].logprobs, beside.outputs[0].logprobs, strict=True):
+        assert {t: lp.logprob for t, lp in a.items()} == {t: lp.logprob for t, lp in b.items()}
