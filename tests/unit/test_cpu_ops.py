@@ -51,7 +51,7 @@ def test_rms_norm_reads_the_heads_of_a_fused_projection_in_place(tokens):
         _close(got, rms_norm_ref(k, weight, 1e-6, unit_offset))
 
 
-# 7 tokens: the kernel's own cos / sin (decode sizes); 300: a prefill's, from torch's tables.
+# 7 tokens: the kernel's own cos / sin (decode sizes); 300: a prefill's table of them.
 @pytest.mark.parametrize("tokens", [7, 300])
 @pytest.mark.parametrize("rotary_dim", [64, 16])
 def test_rotary_in_place_matches_reference_on_a_fused_projection(rotary_dim, tokens):
@@ -68,6 +68,18 @@ def test_rotary_in_place_matches_reference_on_a_fused_projection(rotary_dim, tok
     _close(got_q, want_q)
     _close(got_k, want_k)
     assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v_before)  # v untouched
+
+
+def test_a_tokens_rotation_does_not_depend_on_the_token_count():
+    """A prefill's table path rotates a token to the bit as a decode step's per-token path
+    does (a speculative verify row, or a decode beside a prompt chunk, equals a decode's)."""
+    rope = RotaryEmbedding(64, 64, 4096, {"rope_theta": 10000.0})
+    positions = torch.arange(0, 4000, 13)  # 308 tokens: the table path
+    q, k = torch.randn(len(positions), 4, 64), torch.randn(len(positions), 2, 64)
+    whole_q, whole_k = rope(positions, q.clone(), k.clone())
+    for t in (0, 150, 307):
+        one_q, one_k = rope(positions[t : t + 1], q[t : t + 1].clone(), k[t : t + 1].clone())
+        assert torch.equal(one_q[0], whole_q[t]) and torch.equal(one_k[0], whole_k[t])
 
 
 def _paged_case(window, softcap, seed=0, heads=8, kv_heads=2, head_dim=32, lens=(1, 9, 23)):

@@ -101,6 +101,7 @@ SIGNATURES: dict[str, tuple[type | None, list]] = {
     "axon_rms_norm": (None, [_ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32, _int]),
     "axon_rms_norm_heads": (None, [_ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _f32, _int]),
     "axon_rotary": (None, [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr]),
+    "axon_rotary_angles": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr]),
     "axon_rotary_table": (None, [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr]),
     "axon_paged_decode_attention": (
         _int,

@@ -90,6 +90,8 @@ void axon_rms_norm_heads(const float *x, int64_t ldx, int64_t heads, const float
                          int64_t tokens, int64_t dim, float eps, int unit_offset);
 void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
                  int64_t rotary_dim, const int64_t *positions, const float *inv_freq);
+void axon_rotary_angles(const int64_t *positions, int64_t tokens, const float *inv_freq,
+                        int64_t half, float *cos_table, float *sin_table);
 void axon_rotary_table(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
                        int64_t rotary_dim, const float *cos_table, const float *sin_table);
 int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,

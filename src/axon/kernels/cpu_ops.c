@@ -100,6 +100,23 @@ void axon_rotary(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t h
     }
 }
 
+/* cos / sin [tokens, half] of each token's angles, position * inv_freq[i], in the arithmetic
+ * axon_rotary (a decode step's) uses: a token's rotation, so its keys and every later layer,
+ * must not depend on how many tokens its step computes (a speculative verify chunk's row equals
+ * the decode step's to the bit). Split across threads at prefill sizes. */
+void axon_rotary_angles(const int64_t *positions, int64_t tokens, const float *inv_freq,
+                        int64_t half, float *cos_table, float *sin_table) {
+#pragma omp parallel for schedule(static) if (tokens * half >= PARALLEL_FLOATS / 16)
+    for (int64_t t = 0; t < tokens; t++) {
+        const float pos = (float)positions[t];
+        for (int64_t i = 0; i < half; i++) {
+            const float angle = pos * inv_freq[i];
+            cos_table[t * half + i] = cosf(angle);
+            sin_table[t * half + i] = sinf(angle);
+        }
+    }
+}
+
 /* As axon_rotary with each token's angles' cos and sin given ([tokens, rotary_dim / 2] each, so
  * a prefill computes them once for q and k), split across threads at prefill sizes. */
 void axon_rotary_table(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,

@@ -74,6 +74,18 @@ def rotary_(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, ro
     return x
 
 
+def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor):
+    """(cos, sin) [T, half] of positions * inv_freq, computed as rotary_ computes them."""
+    positions, inv_freq = positions.contiguous(), inv_freq.contiguous()
+    cos = torch.empty(positions.shape[0], inv_freq.shape[0], dtype=torch.float32)
+    sin = torch.empty_like(cos)
+    library().axon_rotary_angles(
+        positions.data_ptr(), positions.shape[0], inv_freq.data_ptr(), inv_freq.shape[0],
+        cos.data_ptr(), sin.data_ptr(),
+    )  # fmt: skip
+    return cos, sin
+
+
 def rotary_table_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int):
     """As rotary_, each token's angles given as cos / sin [T, rotary_dim / 2] (float32)."""
     tokens, heads, head_dim = x.shape

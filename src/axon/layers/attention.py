@@ -92,11 +92,20 @@ class Attention(nn.Module):
         if not meta.prefills:  # every row decodes: no gather of rows, no scatter back
             return self._decode(meta, q).reshape(q.shape[0], -1)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, H, D]
-        if fast:  # every chunk in one call, keys read in place
-            cpu_ops.paged_prefill_attention(
-                q, self.k_cache, self.v_cache, *meta.prefill_layout(), self.scale,
-                self.logit_softcap, self.sliding_window, out,
-            )  # fmt: skip
+        if fast:  # keys read in place: prompt chunks in one call, verified drafts as decodes
+            layout = meta.prefill_layout()
+            if layout is not None:
+                cpu_ops.paged_prefill_attention(
+                    q, self.k_cache, self.v_cache, *layout, self.scale, self.logit_softcap,
+                    self.sliding_window, out,
+                )  # fmt: skip
+            verify = meta.verify_queries()
+            if verify is not None:
+                rows, slots, lens = verify
+                out[rows] = cpu_ops.paged_decode_attention(
+                    q[rows], self.k_cache, self.v_cache, slots, lens, self.scale,
+                    self.logit_softcap, self.sliding_window,
+                )  # fmt: skip
         else:
             for index, chunk in enumerate(meta.prefills):
                 rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)

@@ -21,6 +21,10 @@ class PrefillChunk:
     has_initial_state: bool = False  # the slot holds the state before this chunk (else zeros)
     # Hybrid models: (tokens into the chunk, state row) snapshots due strictly inside the chunk.
     state_saves: list[tuple[int, int]] = field(default_factory=list)
+    # A decode step's token and the drafts it verifies (speculative decoding): its rows attend
+    # as decode queries, one at a time, so that each equals to the bit the same token computed
+    # by a decode step (the prefill kernel's online softmax sums in another order).
+    verifies: bool = False
 
 
 @dataclass
@@ -49,18 +53,45 @@ class AttentionMetadata:
             self._masks[key] = mask
         return self._masks[key]
 
-    def prefill_layout(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prefill chunks as the C prefill-attention kernel reads them, built once a step:
-        [N, 4] int64 (query_start, query_len, context_len, offset of the chunk's key slots)
-        and every chunk's key slots, concatenated."""
+    def prefill_layout(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The prefill chunks that verify no drafts as the C prefill-attention kernel reads them,
+        built once a step: [N, 4] int64 (query_start, query_len, context_len, offset of the
+        chunk's key slots) and every chunk's key slots, concatenated; None when there are none."""
         if "layout" not in self._masks:
             rows, offset = [], 0
-            for chunk in self.prefills:
+            prompts = [chunk for chunk in self.prefills if not chunk.verifies]
+            if not prompts:
+                self._masks["layout"] = None
+                return None
+            for chunk in prompts:
                 rows.append((chunk.query_start, chunk.query_len, chunk.context_len, offset))
                 offset += chunk.context_len
-            slots = torch.cat([chunk.key_slots.view(-1) for chunk in self.prefills]).long()
+            slots = torch.cat([chunk.key_slots.view(-1) for chunk in prompts]).long()
             self._masks["layout"] = (torch.tensor(rows, dtype=torch.long), slots.contiguous())
         return self._masks["layout"]
+
+    def verify_queries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The chunks that verify drafts as decode queries, one a row, built once a step: their
+        rows of the flat batch [R], each row's key slots [R, W] (its chunk's, padded) and
+        context length [R]; None when there are none."""
+        if "verify" not in self._masks:
+            chunks = [chunk for chunk in self.prefills if chunk.verifies]
+            if not chunks:
+                self._masks["verify"] = None
+                return None
+            width = max(chunk.context_len for chunk in chunks)
+            rows, lens = [], []
+            slots = torch.zeros(sum(c.query_len for c in chunks), width, dtype=torch.long)
+            for chunk in chunks:
+                first = chunk.context_len - chunk.query_len + 1  # the first query's context
+                for i in range(chunk.query_len):
+                    slots[len(rows), : chunk.context_len] = chunk.key_slots.view(-1)
+                    rows.append(chunk.query_start + i)
+                    lens.append(first + i)
+            device = chunks[0].key_slots.device
+            self._masks["verify"] = (torch.tensor(rows, device=device), slots.to(device),
+                                     torch.tensor(lens, device=device))  # fmt: skip
+        return self._masks["verify"]
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
         """[Bd, C] bool: which padded key slots each decode query may see."""

@@ -10,7 +10,7 @@ from torch import nn
 from axon.kernels import cpu_ops
 
 # Token counts up to which the fused CPU kernel computes its own cos / sin (decode steps); longer
-# prefills take torch's vectorized cos / sin, once for q and k, and rotate in place in C.
+# prefills compute the same cos / sin once for q and k, and rotate in place in C.
 FUSED_MAX_TOKENS = 64
 
 
@@ -72,9 +72,9 @@ class RotaryEmbedding(nn.Module):
             cpu_ops.rotary_(q, positions, self.inv_freq, self.rotary_dim)
             cpu_ops.rotary_(k, positions, self.inv_freq, self.rotary_dim)
             return q, k
-        # a prefill: the reference's cos / sin, computed once for q and k
-        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [T, rotary_dim / 2]
-        cos, sin = freqs.cos(), freqs.sin()
+        # a prefill: cos / sin computed once for q and k, as rotary_ computes them (torch's
+        # vectorised cos / sin differ in the last bit: a token's row would depend on its step)
+        cos, sin = cpu_ops.rotary_angles(positions, self.inv_freq)
         cpu_ops.rotary_table_(q, cos, sin, self.rotary_dim)
         cpu_ops.rotary_table_(k, cos, sin, self.rotary_dim)
         return q, k

@@ -290,6 +290,7 @@ class ModelRunner:
         key_slots = self._slots(seq, 0, end).to(self.device)
         chunk = PrefillChunk(row, end - start, end, key_slots, seq.state_slot, start > 0)
         chunk.state_saves = [(computed - start, r) for computed, r in saves if computed < end]
+        chunk.verifies = 0 < start == seq.num_tokens - 1  # the last token and its drafts
         return chunk
 
     def _slot_mapping(self, slots: list) -> torch.Tensor:
