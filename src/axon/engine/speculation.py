@@ -11,13 +11,17 @@ would have sampled, greedy and seeded alike.
 
 Adaptive: a draft pays when its expected accepted tokens cost less than the tokens the step
 makes anyway. On the CPU (the demo GGUFs, 2 threads, measured interleaved) one step's forward
-costs about 1 + ROW_COST * (T - 1) decode steps for T rows, ROW_COST 0.15-0.3 (float32 or int8
-activations alike, the fused decode path no faster than the general one at T = 1): the weights
-are read once a step, every row adds its compute. With B sequences running a token costs
-(1 + ROW_COST (B - 1)) / B and a draft token ROW_COST / acceptance, so a sequence drafts while
-the EWMA of its acceptance (accepted / drafted) exceeds ROW_COST B / (1 + ROW_COST (B - 1)):
-0.25 alone, 0.57 with 4 running, 0.84 with 16. Below it, it pauses `_PAUSE_STEPS` steps and then
-tries again; above `max_seqs` running sequences nobody drafts.
+costs about 1 + c * (T - 1) decode steps for T rows, c 0.15-0.55 (gemma-3-270m int8 about 0.2,
+SmolLM2-135M float32 0.35-0.55; the fused decode path is no faster than the general one at
+T = 1): the weights are read once a step, every row adds its compute. With B sequences running
+a token costs (1 + ROW_COST (B - 1)) / B and a draft token ROW_COST / acceptance, so a sequence
+drafts while the EWMA of its acceptance (accepted / drafted) exceeds
+ROW_COST B / (1 + ROW_COST (B - 1)): 0.45 alone, 0.77 with 4 running, 0.92 with 16 (ROW_COST
+near the top of the measured range: a draft that does not pay costs more than one that pays
+gains; measuring c per model while serving would be the better rule, not built yet). Below it,
+a sequence pauses `_PAUSE_STEPS` steps and then tries again, twice as long after each pause in
+a row (text with nothing to copy stops costing anything); above `max_seqs` running sequences
+nobody drafts.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from axon.speculative_config import SpeculativeConfig
 logger = logging.getLogger(__name__)
 
 _EWMA_WEIGHT = 0.3  # of the newest step's acceptance
-ROW_COST = 0.25  # one more row of a step, in decode steps (measured: see above)
-_PAUSE_STEPS = 16  # steps without drafts before a paused sequence tries again
+ROW_COST = 0.45  # one more row of a step, in decode steps (measured 0.15-0.55: see above)
+_PAUSE_STEPS = 16  # steps without drafts before a paused sequence tries again, at first
+_MAX_PAUSE_DOUBLINGS = 4  # the longest pause: 16 << 4 = 256 steps
 DEFAULT_MAX_SEQS = 16  # where drafts would need 84% acceptance to pay
 
 
@@ -47,6 +52,7 @@ def min_acceptance(num_running: int, row_cost: float = ROW_COST) -> float:
 class _Acceptance:
     rate: float = 1.0  # EWMA of accepted / drafted, optimistic at first
     paused_until: int = 0  # the step from which it may draft again
+    pauses: int = 0  # pauses in a row: each one doubles the next
 
 
 class Speculator:
@@ -132,9 +138,13 @@ class Speculator:
     def _observe(self, seq_id: int, rate: float) -> None:
         state = self._acceptance.setdefault(seq_id, _Acceptance())
         state.rate += _EWMA_WEIGHT * (rate - state.rate)
-        if state.rate < self._required:
-            state.paused_until = self.num_steps + _PAUSE_STEPS
-            state.rate = self._required  # tried again later from the threshold, not below it
+        if state.rate >= self._required:
+            state.pauses = 0
+            return
+        doublings = min(state.pauses, _MAX_PAUSE_DOUBLINGS)
+        state.paused_until = self.num_steps + (_PAUSE_STEPS << doublings)
+        state.pauses += 1
+        state.rate = self._required  # tried again later from the threshold, not below it
 
     def release(self, seqs: list[Sequence]) -> None:
         """Forget finished, aborted or preempted sequences."""

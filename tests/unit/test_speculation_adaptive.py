@@ -1,0 +1,56 @@
+"""The adaptive rule of speculation: a sequence whose drafts are rejected pauses, twice as long
+after each failure in a row, and a draft that pays again ends the backoff."""
+
+from __future__ import annotations
+
+from axon.engine.speculation import Speculator, min_acceptance
+from axon.sampling_params import SamplingParams
+from axon.sequence import Sequence
+from axon.speculative_config import parse
+
+
+class FixedDrafter:
+    def propose(self, seqs, max_tokens):
+        return [[7] * n for n in max_tokens]
+
+    def release(self, seq_ids):
+        pass
+
+
+def _decoding_sequence() -> Sequence:
+    seq = Sequence("r", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=10_000))
+    seq.append_token(4)
+    seq.num_computed_tokens = seq.num_tokens - 1
+    return seq
+
+
+def _drafting_steps(speculator: Speculator, seq: Sequence, steps: int, accept: bool) -> list[int]:
+    """Run `steps` steps; the step numbers at which `seq` drafted (all rejected or accepted)."""
+    drafted = []
+    for _ in range(steps):
+        speculator.propose([seq])
+        if seq.spec_token_ids:
+            drafted.append(speculator.num_steps)
+            rows = list(seq.spec_token_ids) + [9] if accept else [8] * (len(seq.spec_token_ids) + 1)
+            speculator.accept(seq, rows)
+    return drafted
+
+
+def test_rejected_drafts_back_off_and_accepted_ones_end_it():
+    spec = parse({"method": "ngram", "num_speculative_tokens": 4})
+    speculator = Speculator(spec, FixedDrafter(), max_model_len=100_000)
+    seq = _decoding_sequence()
+    drafted = _drafting_steps(speculator, seq, 1100, accept=False)
+    gaps = [b - a for a, b in zip(drafted, drafted[1:])]
+    # Optimistic at first: a few steps in a row, then it tries again 16, 32 ... 256 steps later.
+    assert gaps[:2] == [1, 1]
+    assert [gap for gap in gaps if gap > 1][:6] == [16, 32, 64, 128, 256, 256]
+    # A draft that pays resets the backoff: the next failure pauses 16 steps again.
+    assert _drafting_steps(speculator, seq, 300, accept=True)
+    again = _drafting_steps(speculator, seq, 60, accept=False)
+    assert [b - a for a, b in zip(again, again[1:]) if b - a > 1][:1] == [16]
+
+
+def test_the_bar_rises_with_the_running_sequences():
+    assert min_acceptance(1) < min_acceptance(4) < min_acceptance(16) < 1.0
+    assert abs(min_acceptance(1) - 0.45) < 1e-9
