@@ -143,3 +143,11 @@ def write_gguf(model, arch: str, qtype: Q, path: Path):
     oracle = copy.deepcopy(model)
     oracle.load_state_dict(oracle_state, strict=False)
     return path, oracle
+
+
+def qwen3_gguf(directory: Path, qtype: Q) -> str:
+    """A tiny Qwen3 GGUF file of `qtype` weights in `directory`, written once."""
+    path = Path(directory) / f"qwen3-{qtype.name}.gguf"
+    if not path.exists():
+        write_gguf(build_gguf_model("qwen3"), "qwen3", qtype, path)
+    return str(path)

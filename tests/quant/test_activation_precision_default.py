@@ -15,7 +15,7 @@ from axon import LLM
 from axon.engine.engine_proc import engine_info
 from axon.kernels import build, ggml_cpu, ggml_q8
 from model.tiny_models import engine_kwargs, get_tiny_model
-from quant.gguf_files import build_gguf_model, write_gguf
+from quant.gguf_files import qwen3_gguf
 
 ENGINE_ARGS = dict(dtype="float32", block_size=4, max_model_len=64, kv_cache_memory=1 << 20)
 
@@ -23,13 +23,6 @@ ENGINE_ARGS = dict(dtype="float32", block_size=4, max_model_len=64, kv_cache_mem
 @pytest.fixture(scope="module")
 def gguf_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("gguf")
-
-
-def _gguf(directory, qtype: Q) -> str:
-    path = directory / f"qwen3-{qtype.name}.gguf"
-    if not path.exists():
-        write_gguf(build_gguf_model("qwen3"), "qwen3", qtype, path)
-    return str(path)
 
 
 def _in_effect(llm: LLM) -> tuple[str, bool, torch.dtype]:
@@ -41,7 +34,7 @@ def _in_effect(llm: LLM) -> tuple[str, bool, torch.dtype]:
 
 
 def test_a_quantized_gguf_defaults_to_int8_where_the_kernels_run(gguf_dir):
-    llm = LLM(_gguf(gguf_dir, Q.Q4_K), **ENGINE_ARGS)
+    llm = LLM(qwen3_gguf(gguf_dir, Q.Q4_K), **ENGINE_ARGS)
 
     fast = ggml_q8.simd()
     if fast:
@@ -53,14 +46,14 @@ def test_a_quantized_gguf_defaults_to_int8_where_the_kernels_run(gguf_dir):
         assert fast and _in_effect(llm)[0] == "int8"
 
 
-def test_explicit_float32_stays_float32_on_a_quantized_gguf(gguf_dir):
-    llm = LLM(_gguf(gguf_dir, Q.Q4_K), activation_precision="float32", **ENGINE_ARGS)
+def test_explicit_float32_stays_float32_on_a_quantizedqwen3_gguf(gguf_dir):
+    llm = LLM(qwen3_gguf(gguf_dir, Q.Q4_K), activation_precision="float32", **ENGINE_ARGS)
     assert _in_effect(llm) == ("float32", False, torch.float32)
 
 
 @pytest.mark.skipif(not ggml_q8.simd(), reason="no 8-bit SIMD kernels on this CPU")
 def test_explicit_int8_and_auto_are_the_same_engine(gguf_dir):
-    path = _gguf(gguf_dir, Q.Q8_0)
+    path = qwen3_gguf(gguf_dir, Q.Q8_0)
     prompts = [[5, 9, 13, 200, 7], [3, 4]]
     auto = LLM(path, **ENGINE_ARGS).engine.forward_logits(prompts)
     int8 = LLM(path, activation_precision="int8", **ENGINE_ARGS).engine.forward_logits(prompts)
@@ -72,5 +65,5 @@ def test_float_weights_default_to_float32(gguf_dir, tiny_model_root):
     safetensors = LLM(**engine_kwargs(get_tiny_model("qwen3", tiny_model_root)))
     assert engine_info(safetensors.engine)["activation_precision"] == "float32"
     assert safetensors.engine.runner.kv_cache.dtype == torch.float32
-    f16_gguf = LLM(_gguf(gguf_dir, Q.F16), **ENGINE_ARGS)  # float weights in a GGUF
+    f16_gguf = LLM(qwen3_gguf(gguf_dir, Q.F16), **ENGINE_ARGS)  # float weights in a GGUF
     assert _in_effect(f16_gguf) == ("float32", False, torch.float32)
