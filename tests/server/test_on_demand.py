@@ -159,11 +159,11 @@ def test_the_lru_idle_model_is_evicted_never_one_streaming(serve):
     server = serve("--max-loaded-models", "1", "--on-demand-wait-s", "2")
     assert chat_when_loaded(server, "alpha").status_code == 200
     # A stream of big chunks that the test does not read: the server blocks on sending it, so
-    # the request is still in flight, whatever the engine's speed. Its ~15 MB are far beyond
+    # the request is still in flight, whatever the engine's speed. Its ~30 MB are far beyond
     # what the loopback's socket buffers take in (a few MB: 4 MB of it once all fit, and the
     # request ended before beta was asked for).
     body = {"model": "alpha", "messages": [{"role": "user", "content": "hello"}], "n": 8}
-    body |= {"max_tokens": 950, "stream": True, "logprobs": True, "top_logprobs": 20, **EXACT}
+    body |= {"max_tokens": 1900, "stream": True, "logprobs": True, "top_logprobs": 20, **EXACT}
     url = server.openai_url + "/chat/completions"
     with httpx.Client(timeout=300) as http, http.stream("POST", url, json=body) as stream:
         lines = stream.iter_lines()
