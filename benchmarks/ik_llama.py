@@ -25,7 +25,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from llama_server import CACHE, extract_sources
+from llama_server import CACHE, cmake_build, extract_sources
 
 SDIST_GLOB = "ik_llama_cpp_python-*.tar.gz"
 VENDOR = "vendor/ik_llama.cpp/"
@@ -93,14 +93,7 @@ def build_ik_llama(jobs: int = 2) -> Path:
     write_build_info(source, version)
     log = CACHE / f"ik-llama-server-{version}.log"
     print(f"building ik_llama.cpp {version} from {source} (log: {log}) ...", flush=True)
-    nice = ["nice", "-n", "19"]
-    with log.open("w") as out:
-        configure = [*nice, "cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS]
-        subprocess.run(configure, stdout=out, stderr=subprocess.STDOUT, check=True)
-        compile_ = [*nice, "cmake", "--build", str(build), "--target", "llama-server"]
-        subprocess.run(
-            [*compile_, "-j", str(jobs)], stdout=out, stderr=subprocess.STDOUT, check=True
-        )
+    cmake_build(source, build, CMAKE_FLAGS, "llama-server", log, jobs, niceness=19)
     done.touch()
     return binary
 

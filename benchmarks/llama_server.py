@@ -93,6 +93,26 @@ def extract_sources(sdist: Path, target: Path, vendor: str = VENDOR) -> Path:
     return target
 
 
+def cmake_build(
+    source: Path | None,
+    build: Path,
+    flags: list[str],
+    target: str,
+    log: Path,
+    jobs: int = 2,
+    niceness: int = 10,
+) -> None:
+    """Configure `build` from `source` (unless None: already configured) and build `target`
+    under `nice`, logging both to `log`; raises CalledProcessError on a failure."""
+    nice = ["nice", "-n", str(niceness)]
+    with log.open("w") as out:
+        if source is not None:
+            configure = [*nice, "cmake", "-S", str(source), "-B", str(build), *flags]
+            subprocess.run(configure, stdout=out, stderr=subprocess.STDOUT, check=True)
+        compile_ = [*nice, "cmake", "--build", str(build), "--target", target, "-j", str(jobs)]
+        subprocess.run(compile_, stdout=out, stderr=subprocess.STDOUT, check=True)
+
+
 def build_llama_server(jobs: int = 2) -> Path:
     """The path of a cached `llama-server` binary, configured and built first when missing
     (logged to ~/.cache/axon-bench/llama-server-<version>.log)."""
@@ -106,14 +126,7 @@ def build_llama_server(jobs: int = 2) -> Path:
     build = source / f"build{suffix}"
     log = CACHE / f"llama-server-{version}{suffix}.log"
     print(f"building llama-server {version} from {source} (log: {log}) ...", flush=True)
-    nice = ["nice", "-n", "10"]
-    with log.open("w") as out:
-        configure = [*nice, "cmake", "-S", str(source), "-B", str(build), *flags]
-        subprocess.run(configure, stdout=out, stderr=subprocess.STDOUT, check=True)
-        compile_ = [*nice, "cmake", "--build", str(build), "--target", "llama-server"]
-        subprocess.run(
-            [*compile_, "-j", str(jobs)], stdout=out, stderr=subprocess.STDOUT, check=True
-        )
+    cmake_build(source, build, flags, "llama-server", log, jobs)
     binary.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(build / "bin" / "llama-server", binary.with_suffix(".tmp"))
     os.replace(binary.with_suffix(".tmp"), binary)
@@ -133,17 +146,8 @@ def quantize_draft(model: Path, ftype: str, jobs: int = 2) -> Path:
     build = CACHE / f"llama-server-src-{sdist_version(find_sdist())}" / f"build{suffix}"
     tool = build / "bin" / "llama-quantize"
     if not tool.exists():
-        compile_ = [
-            "nice",
-            "-n",
-            "10",
-            "cmake",
-            "--build",
-            str(build),
-            "--target",
-            "llama-quantize",
-        ]
-        subprocess.run([*compile_, "-j", str(jobs)], check=True, capture_output=True)
+        log = CACHE / f"llama-quantize-{sdist_version(find_sdist())}{suffix}.log"
+        cmake_build(None, build, flags, "llama-quantize", log, jobs)
     tmp = target.with_suffix(".tmp")
     command = [str(tool), "--allow-requantize", str(model), str(tmp), ftype]
     subprocess.run(command, check=True, capture_output=True)
