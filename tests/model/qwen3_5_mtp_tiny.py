@@ -99,7 +99,9 @@ def build_reference(target, seed: int = 99) -> ReferenceMtp:
     for name, param in mtp.named_parameters():
         if name.endswith("norm.weight"):  # zero-centred: (1 + w) vs w must matter
             param.add_(torch.randn(param.shape, generator=generator) * 0.2)
-        elif name == "fc.weight":
+        elif name == "fc.weight" or ".mlp.experts." in name or name.endswith("mlp.gate.weight"):
+            # The MoE block's experts and router start uninitialised (torch.empty) outside
+            # a transformers model's init.
             param.normal_(0, 0.2, generator=generator)
     return mtp
 
