@@ -9,8 +9,9 @@ else "grouped") says how the GDN weights order their value heads. A
 `Qwen3_5ForConditionalGeneration` checkpoint's `model.language_model.*` weights are the text
 model and `model.visual.*` the vision tower (skipped, with its memory, when vision is disabled);
 `mtp.*` (the multi-token-prediction block, qwen3_5_mtp.py) is loaded as `mtp` only with
-`enable_mtp` (speculative decoding's mtp method), else skipped. Rotary is M-RoPE when the config has an `mrope_section`: positions
-[3, T] for steps with image tokens, [T] (plain RoPE, the fast path) otherwise.
+`enable_mtp` (speculative decoding's mtp method), else skipped. Rotary is M-RoPE when the
+config has an `mrope_section`: positions [3, T] for steps with image tokens, [T] (plain RoPE,
+the fast path) otherwise.
 """
 
 from __future__ import annotations
