@@ -6,6 +6,7 @@ accepted tokens; output with MTP drafts is the output without them, token for to
 
 from __future__ import annotations
 
+import copy
 import shutil
 
 import pytest
@@ -14,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from axon import LLM, SamplingParams
 from axon.layers.forward_context import PrefillChunk
+from axon.models import qwen3_5_mtp
 from tests.model.qwen3_5_mtp_tiny import MTP_ARCHS, get_mtp_model
 from tests.model.qwen3_5_tiny import qwen3_5_engine_kwargs
 from tests.model.tiny_models import random_prompts
@@ -150,3 +152,12 @@ def test_mtp_on_a_checkpoint_without_an_mtp_block_is_a_load_error(tiny_model_roo
     (path / "config.json").write_text(config)
     with pytest.raises(ValueError, match="mtp_num_hidden_layers is 0 or absent"):
         LLM(**{**_kwargs(tiny), "model": str(path)}, speculative_config=MTP)
+
+
+def test_mtp_under_tensor_parallelism_is_refused(mtp_model, monkeypatch):
+    """The block runs unsharded on one rank: a sharded model refuses to build it."""
+    config = copy.deepcopy(mtp_model[0].config)
+    config.mtp_num_hidden_layers = 1
+    monkeypatch.setattr(qwen3_5_mtp, "get_tp_size", lambda: 2)
+    with pytest.raises(ValueError, match="tensor_parallel_size > 1"):
+        qwen3_5_mtp.Qwen3_5MultiTokenPredictor(config, torch.nn.Identity)

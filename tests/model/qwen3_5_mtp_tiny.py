@@ -97,7 +97,7 @@ def build_reference(target, seed: int = 99) -> ReferenceMtp:
     mtp = ReferenceMtp(target).to(torch.float32).eval()
     generator = torch.Generator().manual_seed(seed + 1)
     for name, param in mtp.named_parameters():
-        if name.endswith("norm.weight"):  # zero-centred: (1 + w) vs w must matter
+        if "norm" in name:  # zero-centred: (1 + w) vs w must matter
             param.add_(torch.randn(param.shape, generator=generator) * 0.2)
         elif name == "fc.weight" or ".mlp.experts." in name or name.endswith("mlp.gate.weight"):
             # The MoE block's experts and router start uninitialised (torch.empty) outside

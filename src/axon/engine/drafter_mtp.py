@@ -17,7 +17,8 @@ of a block, with that writer's next token: a possibly worse draft, never a wrong
 Draft rows, past the target's computed tokens, go to scratch slots after the mirrored ones.
 The drafts are the block's argmax (a one-hot proposal, as the draft model's).
 
-The block is not sharded: with tensor parallelism it would need every rank; refused there.
+The block is not sharded: with tensor parallelism it would need every rank; the model refuses
+to build it there (models/qwen3_5_mtp.py).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class MtpDrafter:
     """Drafts with the target's own MTP block (`runner.model.mtp`), for every sequence at once."""
 
     def __init__(self, config: EngineConfig, runner: ModelRunner):
-        """Raises ValueError when the target has no MTP block loaded or runs sharded."""
+        """Raises ValueError when the target has no MTP block loaded."""
         self.mtp = getattr(runner.model, "mtp", None)
         if self.mtp is None:
             raise ValueError(
@@ -60,14 +61,8 @@ class MtpDrafter:
                 "and Qwen3.5-MoE checkpoints with mtp.* weights (or GGUF files with nextn "
                 "tensors) do; use ngram or draft_model"
             )
-        if config.tensor_parallel_size > 1:
-            raise ValueError(
-                "speculative_config.method mtp runs the MTP block on one rank and is not "
-                "available with tensor_parallel_size > 1; use ngram or draft_model"
-            )
         self.runner = runner
         self.k = config.speculative_config.num_speculative_tokens
-        self.block_size = runner.plan.block_size
         self.vocab_size = runner.vocab_size
         self.num_slots = runner.plan.num_tokens  # the mirrored ones; scratch after them
         scratch = config.max_num_seqs * max(self.k - 1, 1)
@@ -171,8 +166,8 @@ class MtpDrafter:
             start, end = pending.start, pending.end
             ids.extend(seq.token_ids[start + 1 : end + 1])
             positions.extend(range(start + self._delta(seq), end + self._delta(seq)))
-            slots.append(self._slots(seq, start, end))
-            key_slots = self._slots(seq, 0, end).to(self.runner.device)
+            slots.append(self.runner._slots(seq, start, end))
+            key_slots = self.runner._slots(seq, 0, end).to(self.runner.device)
             chunks.append(PrefillChunk(row, end - start, end, key_slots))
             row += end - start
         hidden = torch.cat([pending.rows for _, pending in work])
@@ -189,7 +184,7 @@ class MtpDrafter:
             scratch = self.num_slots + lane * max(self.k - 1, 1) + torch.arange(step)
             positions.append(computed - 1 + step + self._delta(seq))
             slots.append(scratch[-1:])
-            key_slots = torch.cat([self._slots(seq, 0, computed), scratch])
+            key_slots = torch.cat([self.runner._slots(seq, 0, computed), scratch])
             chunks.append(PrefillChunk(row, 1, computed + step, key_slots.to(self.runner.device)))
         return self._run(tokens, positions, torch.cat(slots), chunks, hidden)
 
@@ -210,12 +205,6 @@ class MtpDrafter:
     def _argmax(self, hidden: torch.Tensor) -> list[int]:
         logits = self.runner.model.compute_logits(hidden)[:, : self.vocab_size]
         return logits.argmax(dim=-1).tolist()
-
-    def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
-        """The target's cache slots [end - start] of the sequence's positions [start, end)."""
-        table = torch.tensor(seq.block_table, dtype=torch.long)
-        positions = torch.arange(start, end)
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
     @staticmethod
     def _delta(seq: Sequence) -> int:

@@ -308,7 +308,8 @@ def _layer_index(gguf_name: str) -> int:
 def _undo_converter(name: str, value, arch: str):
     """The tensor as the model holds it (see the module docstring)."""
     gated_norm = name.endswith("linear_attn.norm.weight")  # the GDN's own norm: stored as is
-    if arch in _UNIT_OFFSET_NORM_ARCHS and name.endswith("norm.weight") and not gated_norm:
+    norm = name.endswith("norm.weight") or name.startswith("mtp.pre_fc_norm_")
+    if arch in _UNIT_OFFSET_NORM_ARCHS and norm and not gated_norm:
         return value - 1.0  # stored as w + 1
     if arch in _QWEN35_ARCHS and name.endswith("conv1d.weight"):
         if isinstance(value, QuantizedTensor):  # a depthwise conv, never a matmul

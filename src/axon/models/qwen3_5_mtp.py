@@ -18,6 +18,7 @@ import copy
 import torch
 from torch import nn
 
+from axon.distributed.parallel_state import get_tp_size
 from axon.layers.linear import ReplicatedLinear
 from axon.layers.norm import RMSNorm
 
@@ -42,6 +43,11 @@ class Qwen3_5MultiTokenPredictor(nn.Module):
                     if count == 0
                     else f"has {count} MTP layers (mtp_num_hidden_layers); axon drafts with one"
                 )
+            )
+        if get_tp_size() > 1:  # the drafter runs the block on rank 0 alone
+            raise ValueError(
+                "speculative_config.method mtp is not available with tensor_parallel_size > 1 "
+                "(the MTP block runs unsharded on one rank); use ngram or draft_model"
             )
         size, eps = text_config.hidden_size, text_config.rms_norm_eps
         layer_config = copy.copy(text_config)
