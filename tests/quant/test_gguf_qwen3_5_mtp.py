@@ -24,9 +24,9 @@ from axon.loader.gguf_config import gguf_config_kwargs
 from axon.loader.gguf_reader import BulkGGUFReader
 from llama_cpp_sdist import CACHE, cache_lock
 from model.qwen3_5_mtp_tiny import build_reference
-from model.qwen3_5_tiny import build_qwen3_5, qwen3_5_engine_kwargs
+from model.qwen3_5_tiny import qwen3_5_engine_kwargs
 from model.tiny_models import TinyModel, random_prompts
-from quant.test_gguf_qwen3_5 import VOCAB_SIZE, converter  # noqa: F401 (a fixture)
+from quant.test_gguf_qwen3_5 import converter, real_vocab_qwen3_5  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow  # a converter run and a real vocabulary
 MTP = {"method": "mtp", "num_speculative_tokens": 3}
@@ -36,14 +36,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, qwen3_5_tokenizer) -> TinyModel:
     tokenizer = qwen3_5_tokenizer
-    model = build_qwen3_5(
-        "qwen3_5_text",
-        vocab_size=VOCAB_SIZE,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
+    model = real_vocab_qwen3_5(tokenizer)
     path = tmp_path_factory.mktemp("qwen35-mtp")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

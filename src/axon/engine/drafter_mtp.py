@@ -130,12 +130,12 @@ class MtpDrafter:
             pending = self._accepted(seq)
             if pending is None or pending.end != start:  # a new sequence, or a prefix hit
                 pending = _Pending(start, rows[:0])
-            pending.rows = torch.cat([pending.rows, rows])
+            pending.rows = torch.cat([pending.rows, rows])  # a copy: the runner reuses buffers
             ready = min(pending.end, seq.num_tokens - 1) - pending.start
             if ready > 0:
                 work.append((seq, _Pending(pending.start, pending.rows[:ready])))
             if pending.end - pending.start > ready:
-                kept = pending.rows[ready:].clone()  # the runner may reuse its buffers
+                kept = pending.rows[ready:].clone()  # not a view holding a whole chunk's rows
                 self.pending[seq.seq_id] = _Pending(pending.start + ready, kept)
             else:
                 self.pending.pop(seq.seq_id, None)
