@@ -17,7 +17,7 @@ from axon import LLM, SamplingParams
 from axon.layers.forward_context import PrefillChunk
 from axon.models import qwen3_5_mtp
 from tests.model.qwen3_5_mtp_tiny import MTP_ARCHS, get_mtp_model
-from tests.model.qwen3_5_tiny import qwen3_5_engine_kwargs
+from tests.model.qwen3_5_tiny import cache_bytes, qwen3_5_engine_kwargs
 from tests.model.tiny_models import random_prompts
 
 K = 3
@@ -26,13 +26,14 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 SEEDED = SamplingParams(temperature=0.9, top_k=40, seed=11, max_tokens=16, ignore_eos=True)
 
 
-def _kwargs(tiny, **overrides) -> dict:
+def _kwargs(tiny, kv_cache_blocks: int = 256, **overrides) -> dict:
     """Chunked prefill (a 16-token budget) over 4-token blocks, prefix caching on; room for
     the drafts' recurrent-state rows."""
     kwargs = qwen3_5_engine_kwargs(
         tiny, block_size=4, max_num_batched_tokens=16, max_num_seqs=4, **overrides
     )
-    kwargs["kv_cache_memory"] *= 2
+    rows = 4 + 4 + K * 4  # slots, snapshots, the drafts' scratch rows
+    kwargs["kv_cache_memory"] = cache_bytes(tiny, kv_cache_blocks, 4, rows)
     return kwargs
 
 
@@ -161,3 +162,25 @@ def test_mtp_under_tensor_parallelism_is_refused(mtp_model, monkeypatch):
     monkeypatch.setattr(qwen3_5_mtp, "get_tp_size", lambda: 2)
     with pytest.raises(ValueError, match="tensor_parallel_size > 1"):
         qwen3_5_mtp.Qwen3_5MultiTokenPredictor(config, torch.nn.Identity)
+
+
+def test_mtp_drafts_through_preemption_and_samples(mtp_model):
+    """Drafting at every step (no back-off), in a cache too small for every sequence: the
+    preempted ones recompute and draft on; n = 2 seeded samples fork the prompt's blocks. The
+    output is the output without drafts, and every proposal is the reference's."""
+    tiny, reference = mtp_model
+    kwargs = _kwargs(tiny, kv_cache_blocks=24, max_model_len=64)
+    prompts = random_prompts((20, 17, 22, 15), seed=6)
+    params = SamplingParams(n=2, temperature=0.9, seed=3, max_tokens=14, ignore_eos=True)
+    expected = _tokens(LLM(**kwargs).generate(_requests(prompts), params))
+    spec = LLM(**kwargs, speculative_config=MTP)
+    spec.engine.speculator.max_seqs = 8  # draft for every running sequence, at every step
+    spec.engine.speculator.row_cost = 0.0
+    recorder = _Recorder(spec.engine.speculator.drafter)
+    assert _tokens(spec.generate(_requests(prompts), params)) == expected
+    stats = spec.engine.stats()
+    assert stats["num_preemptions"] > 0
+    assert stats["num_free_blocks"] == stats["num_blocks"]
+    assert len(recorder.calls) > 20
+    for tokens, drafts in recorder.calls:
+        assert drafts == reference.drafts(tokens, len(drafts)), f"after {len(tokens)} tokens"
