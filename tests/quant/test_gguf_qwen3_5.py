@@ -61,10 +61,9 @@ pytestmark = pytest.mark.slow  # converter runs and a real vocabulary
 # ---- the checkpoint and its GGUF files --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, qwen3_5_tokenizer) -> TinyModel:
-    tokenizer = qwen3_5_tokenizer
-    model = build_qwen3_5(
+def real_vocab_qwen3_5(tokenizer):
+    """The tiny random Qwen3.5 with `tokenizer`'s (the real) vocabulary."""
+    return build_qwen3_5(
         "qwen3_5_text",
         vocab_size=VOCAB_SIZE,
         tie_word_embeddings=True,  # as the small Qwen3.5 models; halves the 248k-row matrices
@@ -72,6 +71,12 @@ def checkpoint(tmp_path_factory, qwen3_5_tokenizer) -> TinyModel:
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, qwen3_5_tokenizer) -> TinyModel:
+    tokenizer = qwen3_5_tokenizer
+    model = real_vocab_qwen3_5(tokenizer)
     assert model.config.linear_num_value_heads == 2 * model.config.linear_num_key_heads
     path = tmp_path_factory.mktemp("qwen35")
     model.save_pretrained(path)

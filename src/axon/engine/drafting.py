@@ -43,9 +43,6 @@ def make_drafter(config: EngineConfig, runner: ModelRunner) -> Drafter:
         except ModuleNotFoundError:
             raise ValueError("speculative_config.method draft_model is not in this build") from None
         return drafter_model.DraftModelDrafter(config, runner)
-    raise ValueError(
-        f"speculative_config.method mtp needs the model's MTP weights (mtp.*), and "
-        f"{config.model!r} has none loaded: none of axon's loaders keeps the mtp.* tensors "
-        "yet (Qwen3.5's loader skips them), so MTP drafting is not available; use ngram or "
-        "draft_model"
-    )
+    # The target's own MTP block (Qwen3.5), loaded with its weights when the config asks.
+    drafter_mtp = importlib.import_module("axon.engine.drafter_mtp")
+    return drafter_mtp.MtpDrafter(config, runner)

@@ -23,12 +23,14 @@ def load_hf_config(path: str):
     return read_config_json(path)
 
 
-def iterate_weights(path: str) -> Iterator[tuple[str, object]]:
-    """(hf_name, tensor) pairs of a model directory or GGUF file (QuantizedTensors for GGUF)."""
+def iterate_weights(path: str, with_mtp: bool = False) -> Iterator[tuple[str, object]]:
+    """(hf_name, tensor) pairs of a model directory or GGUF file (QuantizedTensors for GGUF);
+    a GGUF file's MTP (`nextn`) blocks as `mtp.*` only `with_mtp` (a directory's `mtp.*` are
+    always there: the model skips them unless it drafts with them)."""
     if is_gguf(path):
         from axon.loader.gguf import iterate_gguf_file  # lazy: torch
 
-        return iterate_gguf_file(path)
+        return iterate_gguf_file(path, with_mtp=with_mtp)
     from axon.loader.safetensors import iterate_safetensors  # lazy: torch
 
     return iterate_safetensors(path)

@@ -10,7 +10,10 @@ for Qwen3.5 (`qwen35`, and `qwen35moe` likewise) it squeezes the conv1d weight t
 Qwen3.5 changes are kept instead, because the GDN layer runs on them directly: `ssm_a` holds
 `A = -exp(A_log)` (the layer's `A`), and the value heads are in "tiled" order, which the config
 announces (`linear_value_head_order`) so the layer expands its key heads to match.
-Multi-token-prediction blocks (`nextn`) are skipped. Mixture-of-experts files (`qwen3moe`,
+Multi-token-prediction blocks (`nextn`, the blocks past the text model's) are skipped, or with
+`with_mtp` yielded as Qwen3.5's `mtp.*` (`blk.L.nextn.eh_proj` is `mtp.fc`, `enorm` / `hnorm`
+the pre-fc norms, `shared_head_norm` `mtp.norm`, block L's layer tensors `mtp.layers.0.*`; the
+shared embedding and head are the target's). Mixture-of-experts files (`qwen3moe`,
 `qwen35moe`) stack a layer's experts in 3-D `ffn_{gate,up,down}_exps` tensors, yielded one
 expert at a time (quantized ones as views of the one copy of their blocks).
 """
@@ -109,6 +112,14 @@ _LAYER_NAMES_BY_ARCH = {
 _QWEN35_LAYER_PARAMS = {"ssm_a": "linear_attn.A", "ssm_dt.bias": "linear_attn.dt_bias"}
 _LAYER_PARAMS_BY_ARCH = {"qwen35": _QWEN35_LAYER_PARAMS, "qwen35moe": _QWEN35_LAYER_PARAMS}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)$")
+# Qwen3.5's MTP block as llama.cpp's converter names it (its own embedding and head, which
+# Qwen3.5 shares with the target, are not written).
+_NEXTN_NAMES = {
+    "nextn.eh_proj": "fc",
+    "nextn.enorm": "pre_fc_norm_embedding",
+    "nextn.hnorm": "pre_fc_norm_hidden",
+    "nextn.shared_head_norm": "norm",
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -121,12 +132,12 @@ def open_gguf(path: str) -> GGUFReader:
 
 
 def iterate_gguf_file(
-    path: str, mapped: bool = True
+    path: str, mapped: bool = True, with_mtp: bool = False
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """`iterate_gguf` of the file at `path` (quantized blocks as views of the mapped file
     unless `mapped` is False, see `_raw`); forgets the cached reader when done."""
     try:
-        yield from iterate_gguf(open_gguf(str(path)), mapped)
+        yield from iterate_gguf(open_gguf(str(path)), mapped, with_mtp)
     finally:
         open_gguf.cache_clear()
         release_freed_memory()
@@ -175,6 +186,19 @@ def hf_name(gguf_name: str, arch: str) -> str | None:
     if suffix not in ("weight", "bias") or part not in names:
         return None
     return f"model.layers.{layer}.{names[part]}.{suffix}"
+
+
+def mtp_name(gguf_name: str, arch: str, num_layers: int) -> str | None:
+    """The HF (`mtp.*`) name of a tensor of the MTP block that follows the `num_layers` text
+    layers, or None."""
+    layer, rest = _LAYER_RE.match(gguf_name).groups()
+    index = int(layer) - num_layers
+    base, _, suffix = rest.rpartition(".")
+    if base in _NEXTN_NAMES:
+        return f"mtp.{_NEXTN_NAMES[base]}.{suffix}" if index == 0 else None
+    name = hf_name(f"blk.{index}.{rest}", arch)
+    prefix = f"model.layers.{index}."
+    return None if name is None else f"mtp.layers.{index}.{name[len(prefix) :]}"
 
 
 def num_text_layers(reader: GGUFReader, arch: str) -> int:
@@ -238,17 +262,20 @@ def _raw(data: np.ndarray, rows: int, mapped: bool = False) -> torch.Tensor:
 
 
 def iterate_gguf(
-    reader: GGUFReader, mapped: bool = False
+    reader: GGUFReader, mapped: bool = False, with_mtp: bool = False
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """Yield (hf_name, tensor) for every tensor of the text model (`mapped`: quantized ones
-    as views of the file, see `_raw`). Raises ValueError naming a tensor that maps to no HF
-    name."""
+    as views of the file, see `_raw`), and with `with_mtp` its MTP block's. Raises ValueError
+    naming a tensor that maps to no HF name."""
     arch = architecture(reader)
     num_layers = num_text_layers(reader, arch)
     for tensor in reader.tensors:
-        if _layer_index(tensor.name) >= num_layers:
-            continue  # a multi-token-prediction block
-        name = hf_name(tensor.name, arch)
+        if _layer_index(tensor.name) >= num_layers:  # a multi-token-prediction block
+            if not with_mtp:
+                continue
+            name = mtp_name(tensor.name, arch, num_layers)
+        else:
+            name = hf_name(tensor.name, arch)
         if name is None:
             raise ValueError(f"GGUF tensor {tensor.name!r} has no HF counterpart for {arch}")
         value = _to_torch(tensor, arch, _row_fix(reader, arch, tensor.name), mapped)
@@ -281,7 +308,8 @@ def _layer_index(gguf_name: str) -> int:
 def _undo_converter(name: str, value, arch: str):
     """The tensor as the model holds it (see the module docstring)."""
     gated_norm = name.endswith("linear_attn.norm.weight")  # the GDN's own norm: stored as is
-    if arch in _UNIT_OFFSET_NORM_ARCHS and name.endswith("norm.weight") and not gated_norm:
+    norm = name.endswith("norm.weight") or name.startswith("mtp.pre_fc_norm_")
+    if arch in _UNIT_OFFSET_NORM_ARCHS and norm and not gated_norm:
         return value - 1.0  # stored as w + 1
     if arch in _QWEN35_ARCHS and name.endswith("conv1d.weight"):
         if isinstance(value, QuantizedTensor):  # a depthwise conv, never a matmul

@@ -66,6 +66,8 @@ def gguf_config_kwargs(reader: GGUFReader) -> tuple[str, dict]:
         kwargs.update(_gemma3_kwargs(reader, kwargs))
     if arch in ("qwen35", "qwen35moe"):
         kwargs.update(_qwen35_kwargs(reader, arch, kwargs))
+        if get("nextn_predict_layers", 0):  # llama.cpp's name for the MTP block's layers
+            kwargs["mtp_num_hidden_layers"] = int(get("nextn_predict_layers"))
     if arch in ("qwen3moe", "qwen35moe"):
         kwargs.update(_moe_kwargs(reader, arch, names, kwargs["num_hidden_layers"]))
     return _MODEL_TYPES[arch], kwargs

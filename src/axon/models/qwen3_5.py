@@ -8,8 +8,10 @@ dense SwiGLU. A config's `linear_value_head_order` ("tiled" for llama.cpp's `qwe
 else "grouped") says how the GDN weights order their value heads. A
 `Qwen3_5ForConditionalGeneration` checkpoint's `model.language_model.*` weights are the text
 model and `model.visual.*` the vision tower (skipped, with its memory, when vision is disabled);
-`mtp.*` is always skipped. Rotary is M-RoPE when the config has an `mrope_section`: positions
-[3, T] for steps with image tokens, [T] (plain RoPE, the fast path) otherwise.
+`mtp.*` (the multi-token-prediction block, qwen3_5_mtp.py) is loaded as `mtp` only with
+`enable_mtp` (speculative decoding's mtp method), else skipped. Rotary is M-RoPE when the
+config has an `mrope_section`: positions [3, T] for steps with image tokens, [T] (plain RoPE,
+the fast path) otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from axon.layers.linear_attention import GatedDeltaNet
 from axon.layers.norm import RMSNorm
 from axon.layers.rotary import MRotaryEmbedding, RotaryEmbedding
 from axon.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
+from axon.models.qwen3_5_mtp import Qwen3_5MultiTokenPredictor
 from axon.models.qwen3_5_vision import Qwen3_5VisionTower
 from axon.models.utils import head_dim_of, rope_params_of
 
@@ -118,14 +121,22 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
     packed_modules_mapping = {**LlamaForCausalLM.packed_modules_mapping, "A_log": ("A", "A_log")}
     checkpoint_prefixes = {"model.language_model.": "model."}
     ignored_checkpoint_prefixes = ("model.visual.", "mtp.")
+    supports_mtp = True
 
-    def __init__(self, config):
+    def __init__(self, config, enable_mtp: bool = False):
         # A multimodal config decides tying at its top level, as transformers does.
         tied = bool(getattr(config, "tie_word_embeddings", False))
         text_config = config.get_text_config()
         text_config.tie_word_embeddings = tied
         super().__init__(text_config)
         self.tie_word_embeddings = tied
+        self.mtp = None
+        if enable_mtp:
+            name = getattr(config, "name_or_path", None) or "this model"
+            self.mtp = Qwen3_5MultiTokenPredictor(text_config, self.layer_cls, name)
+            self.ignored_checkpoint_prefixes = tuple(
+                p for p in self.ignored_checkpoint_prefixes if p != "mtp."
+            )
 
 
 class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
@@ -134,14 +145,14 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
 
     supports_vision = True
 
-    def __init__(self, config, enable_vision: bool = True):
-        super().__init__(config)
+    def __init__(self, config, enable_vision: bool = True, enable_mtp: bool = False):
+        super().__init__(config, enable_mtp)
         self.visual = None
         vision_config = getattr(config, "vision_config", None)
         if enable_vision and vision_config is not None:
             self.visual = Qwen3_5VisionTower(vision_config)
             self.checkpoint_prefixes = {**self.checkpoint_prefixes, "model.visual.": "visual."}
-            self.ignored_checkpoint_prefixes = ("mtp.",)
+            self.ignored_checkpoint_prefixes = () if enable_mtp else ("mtp.",)
             self.image_token_id = int(config.image_token_id)
             self.vision_start_token_id = int(config.vision_start_token_id)
             self.spatial_merge_size = int(vision_config.spatial_merge_size)

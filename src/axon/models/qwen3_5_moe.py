@@ -69,14 +69,14 @@ def _with_experts(model: Qwen3_5ForCausalLM) -> None:
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
     layer_cls = Qwen3_5MoeDecoderLayer
 
-    def __init__(self, config):
-        super().__init__(config)
+    def __init__(self, config, enable_mtp: bool = False):
+        super().__init__(config, enable_mtp)
         _with_experts(self)
 
 
 class Qwen3_5MoeForConditionalGeneration(Qwen3_5ForConditionalGeneration):
     layer_cls = Qwen3_5MoeDecoderLayer
 
-    def __init__(self, config, enable_vision: bool = True):
-        super().__init__(config, enable_vision)
+    def __init__(self, config, enable_vision: bool = True, enable_mtp: bool = False):
+        super().__init__(config, enable_vision, enable_mtp)
         _with_experts(self)

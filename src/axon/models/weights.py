@@ -136,4 +136,7 @@ def _check_complete(params, packed, loaded, unexpected, tied, optional=frozenset
             missing.append(name)
         missing += [checkpoint for checkpoint, shard_id in shards if shard_id not in got]
     if missing:
-        raise ValueError(f"weights missing from checkpoint: {sorted(missing)[:20]}")
+        why = ""
+        if any(name.startswith("mtp.") for name in missing):  # only speculative_config loads them
+            why = "; speculative_config method mtp needs the checkpoint's MTP block (mtp.*)"
+        raise ValueError(f"weights missing from checkpoint: {sorted(missing)[:20]}{why}")

@@ -79,6 +79,8 @@ class ModelRunner:
             self.close()
             raise
         self.sampler = Sampler()
+        # The MTP drafter's: called with each forward's final hidden states [T, hidden].
+        self.hidden_sink = None
         self.vocab_size = self.text_config.vocab_size
         self.thread_tuner = adaptive_threads.for_engine(config, self.device)  # None: fixed count
         # Decode inputs reused step to step: one CPU rank only (see HostBuffers).
@@ -97,6 +99,9 @@ class ModelRunner:
         kwargs = {}
         if getattr(model_cls, "supports_vision", False):
             kwargs["enable_vision"] = self.config.vision_enabled
+        spec = getattr(self.config, "speculative_config", None)
+        if spec is not None and spec.method == "mtp" and getattr(model_cls, "supports_mtp", 0):
+            kwargs["enable_mtp"] = True  # its mtp.* weights, else skipped
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device(self.device), tensor_parallel.model_scope(self.config):
@@ -114,7 +119,10 @@ class ModelRunner:
         return model.eval()
 
     def _attention_layers(self) -> list[Attention]:
-        return [m for m in self.model.modules() if isinstance(m, Attention)]
+        mtp = getattr(self.model, "mtp", None)  # its cache is the MTP drafter's
+        drafter_owned = set(mtp.modules()) if mtp is not None else ()
+        return [m for m in self.model.modules() if isinstance(m, Attention)
+                and m not in drafter_owned]  # fmt: skip
 
     def _gdn_layers(self) -> list[GatedDeltaNet]:
         return [m for m in self.model.modules() if isinstance(m, GatedDeltaNet)]
@@ -198,6 +206,7 @@ class ModelRunner:
 
     def prepare(self, out: SchedulerOutput) -> StepBatch:
         """Return the flat batch of `out`'s scheduled tokens (images encoded as they start)."""
+        self.scheduled = out.scheduled  # the rows' sequences, for the hidden sink
         if decode_batch.is_decode_only(out):
             return self._prepare_decodes(out)
         input_ids, positions, slots, prefills, decode_rows, decode_seqs = [], [], [], [], [], []
@@ -360,6 +369,8 @@ class ModelRunner:
                     deepstack = (batch.image_rows, batch.image_deepstack)
                 hidden = self.model(batch.input_ids, batch.positions, embeds, *deepstack)
         self._copy_states(batch.state_saves)
+        if self.hidden_sink is not None:
+            self.hidden_sink(hidden)
         if batch.pooling is not None:
             return self.pool(hidden, batch)
         score_prompt_rows(self.model, hidden, batch.prompt)  # prompt logprobs, when asked

@@ -122,7 +122,8 @@ def checkpoint_weights(config: EngineConfig):
     safetensors, or GGUF blocks as views of the mapped file, that each rank reads only its
     shard of."""
     if config.tensor_parallel_size == 1:
-        return iterate_weights(config.model)
+        spec = getattr(config, "speculative_config", None)
+        return iterate_weights(config.model, with_mtp=spec is not None and spec.method == "mtp")
     if is_gguf(config.model):
         return iterate_gguf_file(config.model, mapped=True)
     return iterate_safetensors(config.model, sliced=True)
