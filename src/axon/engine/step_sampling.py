@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from axon.engine.speculation import verify_rows
+from axon.engine.speculation import verified_drafts, verify_rows
 from axon.outputs import TokenUpdate
 from axon.sampling import SamplingMetadata
 from axon.sequence import Sequence
@@ -90,18 +90,30 @@ class StepSampling:
         grammars = [seq.grammar for seq in seqs]
         has_grammar = any(g is not None for g in grammars)
         if has_grammar:
-            self.structured.apply_masks(grammars, logits)
+            drafts = verified_drafts(seqs, offsets) if offsets is not None else None
+            self.structured.apply_masks(grammars, logits, drafts)
         result = self.runner.sampler(logits, meta)
-        if has_grammar:
-            self.structured.advance(grammars, result.token_ids)
-        for seq, token_id in zip(seqs, result.token_ids):
-            if seq.thinking_budget is not None:
-                seq.thinking_budget.advance(token_id)
         if offsets is not None:
-            return verify_rows(self.speculator, seqs, offsets, result)
-        sampled = {seq.seq_id: tok for seq, tok in zip(seqs, result.token_ids)}
-        logprobs = {seq.seq_id: lp for seq, lp in zip(seqs, result.logprobs) if lp is not None}
+            sampled, logprobs = verify_rows(self.speculator, seqs, offsets, result)
+        else:
+            sampled = {seq.seq_id: tok for seq, tok in zip(seqs, result.token_ids)}
+            logprobs = {seq.seq_id: lp for seq, lp in zip(seqs, result.logprobs) if lp is not None}
+        self._advance_states(seqs, sampled, has_grammar)
         return sampled, logprobs
+
+    def _advance_states(self, seqs: list[Sequence], sampled: dict, has_grammar: bool) -> None:
+        """Feed each sequence's new tokens (a drafted one's: those it keeps) to its grammar
+        and its thinking budget."""
+        if not has_grammar and all(seq.thinking_budget is None for seq in seqs):
+            return
+        unique = list({seq.seq_id: seq for seq in seqs}.values())  # a drafted one has rows
+        new = [sampled[seq.seq_id] for seq in unique]
+        new = [tokens if isinstance(tokens, list) else [tokens] for tokens in new]
+        if has_grammar:
+            self.structured.advance([seq.grammar for seq in unique], new)
+        for seq, tokens in zip(unique, new):
+            for token_id in tokens if seq.thinking_budget is not None else ():
+                seq.thinking_budget.advance(token_id)
 
     @property
     def structured(self):

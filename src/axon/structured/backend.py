@@ -122,28 +122,46 @@ class StructuredOutputs:
         return grammar
 
     @torch.inference_mode()
-    def apply_masks(self, matchers: list, logits: torch.Tensor) -> None:
+    def apply_masks(
+        self, matchers: list, logits: torch.Tensor, drafts: list[list[int]] | None = None
+    ) -> None:
         """Set to -inf, in place, every logit [B, V] a row's matcher forbids (rows whose
-        matcher is None are left alone)."""
-        rows = [(m, row) for row, m in enumerate(matchers) if m is not None]
-        if not rows:
+        matcher is None are left alone). `drafts[i]` (speculative decoding): the drafts that
+        rows i + 1 .. i + len(drafts[i]) verify, rows of the same matcher: row i + j is masked
+        as after the drafts before it (the matcher consumes them and rolls them back)."""
+        tasks, rows = [], []  # (matcher, its first mask, drafts); the logits row of each mask
+        row = 0
+        while row < len(matchers):
+            draft = drafts[row] if drafts is not None else []
+            if matchers[row] is not None:
+                tasks.append((matchers[row], len(rows), draft))
+                rows.extend(range(row, row + 1 + len(draft)))
+            row += 1 + len(draft)
+        if not tasks:
             return
-        size = self._ll_tokenizer().vocab_size
-        words = (size + 31) // 32
+        words = (self._ll_tokenizer().vocab_size + 31) // 32
         bitmask = torch.full((len(rows), words), -1, dtype=torch.int32)  # [R, W]
-        local = [(matcher, i) for i, (matcher, _) in enumerate(rows)]
-        # The rows' masks, computed in parallel by llguidance's thread pool.
-        self._executor.unsafe_compute_mask_ptr(local, bitmask.data_ptr(), words * 4, len(rows))
-        row_index = torch.tensor([row for _, row in rows], device=logits.device)  # [R]
+        # The masks, computed in parallel by llguidance's thread pool (a drafted matcher's
+        # in turn, each after consuming the draft before it).
+        if any(draft for _, _, draft in tasks):
+            compute = self._executor.unsafe_compute_mask_ptr_with_draft_token
+        else:
+            compute = self._executor.unsafe_compute_mask_ptr
+            tasks = [(matcher, first) for matcher, first, _ in tasks]
+        compute(tasks, bitmask.data_ptr(), words * 4, len(rows))
+        row_index = torch.tensor(rows, device=logits.device)  # [R]
         allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[-1])  # [R, V]
         logits[row_index] = logits[row_index].masked_fill(~allowed, float("-inf"))
 
     @staticmethod
-    def advance(matchers: list, token_ids: list[int]) -> None:
-        """Feed each row's sampled token to its matcher."""
-        for matcher, token_id in zip(matchers, token_ids):
-            if matcher is not None and not matcher.consume_token(token_id):
-                logger.warning("grammar rejected token %d: %s", token_id, matcher.get_error())
+    def advance(matchers: list, token_ids: list[list[int]]) -> None:
+        """Feed each matcher its sequence's new tokens (one, or a drafted step's kept ones),
+        one at a time as without drafts (a stopped grammar takes EOS once a token)."""
+        for matcher, tokens in zip(matchers, token_ids):
+            for token_id in tokens if matcher is not None else ():
+                if not matcher.consume_token(token_id):
+                    logger.warning("grammar rejected token %d: %s", token_id, matcher.get_error())
+                    break
 
 
 def _grammar_key(spec: dict) -> str:
