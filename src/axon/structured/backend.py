@@ -143,12 +143,13 @@ class StructuredOutputs:
         bitmask = torch.full((len(rows), words), -1, dtype=torch.int32)  # [R, W]
         # The masks, computed in parallel by llguidance's thread pool (a drafted matcher's
         # in turn, each after consuming the draft before it).
-        if any(draft for _, _, draft in tasks):
-            compute = self._executor.unsafe_compute_mask_ptr_with_draft_token
-        else:
-            compute = self._executor.unsafe_compute_mask_ptr
-            tasks = [(matcher, first) for matcher, first, _ in tasks]
-        compute(tasks, bitmask.data_ptr(), words * 4, len(rows))
+        executor, pointer, size = self._executor, bitmask.data_ptr(), words * 4
+        plain = [(matcher, first) for matcher, first, draft in tasks if not draft]
+        if plain:
+            executor.unsafe_compute_mask_ptr(plain, pointer, size, len(rows))
+        drafted = [task for task in tasks if task[2]]
+        if drafted:
+            executor.unsafe_compute_mask_ptr_with_draft_token(drafted, pointer, size, len(rows))
         row_index = torch.tensor(rows, device=logits.device)  # [R]
         allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[-1])  # [R, V]
         logits[row_index] = logits[row_index].masked_fill(~allowed, float("-inf"))
