@@ -9,15 +9,20 @@ grammars with inline `%json{…}`, which tool calls use.
 
 The grammar state lives on the Sequence. Preemption recomputes the KV cache but keeps the
 generated tokens, so the matcher, which has consumed exactly those tokens, stays consistent.
+Under speculative decoding a drafted sequence's verified rows are masked in turn, each after
+the drafts before it (llguidance consumes them and rolls them back), and the matcher then
+consumes only the tokens the step kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from axon.structured.grammars import build_grammar
@@ -172,9 +177,14 @@ def _grammar_key(spec: dict) -> str:
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The bool mask [R, vocab_size] of a packed int32 bitmask [R, W] (bit j of word i is token
     32 * i + j); tokens past the bitmask are forbidden."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [R, W, 32]
-    allowed = bits.flatten(1).bool()  # [R, 32W]
+    if bitmask.device.type == "cpu" and sys.byteorder == "little":
+        # Bit j of word i is bit j % 8 of byte 4 i + j // 8: numpy unpacks the bytes in one
+        # pass, 10x faster than the shifts below over a 262k vocabulary (per verified row).
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+        allowed = torch.from_numpy(bits).view(torch.bool)  # [R, 32W], 0 or 1 a byte
+    else:
+        shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
+        allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1).bool()  # [R, 32W]
     if allowed.shape[1] >= vocab_size:
         return allowed[:, :vocab_size]
     padding = allowed.new_zeros(allowed.shape[0], vocab_size - allowed.shape[1])
