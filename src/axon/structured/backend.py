@@ -155,8 +155,11 @@ class StructuredOutputs:
         drafted = [task for task in tasks if task[2]]
         if drafted:
             executor.unsafe_compute_mask_ptr_with_draft_token(drafted, pointer, size, len(rows))
-        row_index = torch.tensor(rows, device=logits.device)  # [R]
         allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[-1])  # [R, V]
+        if len(rows) == logits.shape[0]:  # every row (one stream, its drafts): in place
+            logits.masked_fill_(~allowed, float("-inf"))
+            return
+        row_index = torch.tensor(rows, device=logits.device)  # [R]
         logits[row_index] = logits[row_index].masked_fill(~allowed, float("-inf"))
 
     @staticmethod
