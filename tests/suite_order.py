@@ -17,6 +17,7 @@ import pytest
 # Seconds each file over 7 s took in a two-worker run (`--durations=0`, summed per file); a
 # rough guide to the order, not a limit. A file not listed counts SECONDS_PER_TEST a test.
 FILE_SECONDS = {
+    "tests/parsers/test_speculative_structured.py": 50,
     "tests/server/test_on_demand.py": 44,
     "tests/faults/test_engine_faults.py": 30,
     "tests/faults/test_recovery_faults.py": 28,

@@ -17,13 +17,13 @@ from axon.engine.disk_tier import DiskTier
 from axon.engine.drafting import make_drafter
 from axon.engine.pooler import Pooler
 from axon.engine.scheduler import Scheduler
-from axon.engine.speculation import Speculator, empty_stats, verify_rows
+from axon.engine.speculation import Speculator, empty_stats
+from axon.engine.step_sampling import StepSampling
 from axon.loader.light_config import eos_token_ids
 from axon.loader.pooling import load_pooling_config, resolve_task
 from axon.outputs import TokenUpdate
 from axon.runner.model_runner import ModelRunner
 from axon.runner.prompt_logprobs import PromptRows, by_sequence
-from axon.sampling import SamplingMetadata
 from axon.sampling.penalties import PenaltyCounts
 from axon.sampling.thinking import ThinkingBudget
 from axon.sampling_params import SamplingParams
@@ -32,7 +32,7 @@ from axon.sequence import Sequence
 logger = logging.getLogger(__name__)
 
 
-class EngineCore:
+class EngineCore(StepSampling):
     def __init__(self, config: EngineConfig):
         self.config = config
         torch.manual_seed(config.seed)
@@ -218,45 +218,11 @@ class EngineCore:
             tier.save(filled, out)
         return updates
 
-    def _finish_step(self, out, sampled: dict, logprobs: dict) -> list[TokenUpdate]:
-        """A step without drafts: one update per scheduled sequence."""
-        finished = self.scheduler.update(out, sampled)
-        self.num_generation_tokens += len(sampled)
-        take = self._take_prompt_logprobs
-        updates = [
-            self._update_of(seq, sampled, logprobs, prompt_logprobs=take(seq, sampled))
-            for seq, _ in out.scheduled
-        ]
-        self._after_step(out, finished)
-        return updates
-
     def _after_step(self, out, finished: list[Sequence]) -> None:
         for seq in finished:
             self._forget_if_done(seq.request_id)
         if self.speculator is not None:
             self.speculator.release([*finished, *out.preempted])
-
-    def _finish_drafted_step(self, out, sampled: dict, logprobs: dict) -> list[TokenUpdate]:
-        """A step with drafts: each drafted sequence gives one update per token it kept (the
-        finish reason on the last), the others one as usual."""
-        before = {seq.seq_id: seq.num_output_tokens for seq, _ in out.scheduled}
-        finished = self.scheduler.update(out, sampled)
-        take = self._take_prompt_logprobs
-        updates = []
-        for seq, _ in out.scheduled:
-            tokens = sampled.get(seq.seq_id)
-            if not isinstance(tokens, list):
-                self.num_generation_tokens += tokens is not None
-                updates.append(self._update_of(seq, sampled, logprobs, None, take(seq, sampled)))
-                continue
-            kept = seq.num_output_tokens - before[seq.seq_id]
-            self.num_generation_tokens += kept
-            lps = logprobs.get(seq.seq_id) or [None] * kept
-            for i in range(kept):
-                update = self._update_of(seq, {seq.seq_id: tokens[i]}, {seq.seq_id: lps[i]})
-                updates.append(update if i == kept - 1 else update._replace(finish_reason=None))
-        self._after_step(out, finished)
-        return updates
 
     def _keep_prompt_logprobs(self, prompt: PromptRows | None) -> None:
         """Keeps the prompt logprobs a step computed, by sequence and position (a position a
@@ -292,66 +258,6 @@ class EngineCore:
             if seq.is_finished:
                 self._forget_if_done(seq.request_id)
         return updates
-
-    @staticmethod
-    def _update_of(
-        seq: Sequence,
-        sampled: dict,
-        logprobs: dict,
-        embedding: list[float] | None = None,
-        prompt_logprobs: list | None = None,
-    ) -> TokenUpdate:
-        reason = seq.finish_reason.value if seq.finish_reason is not None else None
-        return TokenUpdate(
-            request_id=seq.request_id,
-            index=seq.index,
-            token_id=sampled.get(seq.seq_id),
-            logprobs=logprobs.get(seq.seq_id),
-            finish_reason=reason,
-            stop_reason=seq.stop_reason,
-            num_cached_tokens=seq.num_cached_tokens,
-            embedding=embedding,
-            prompt_logprobs=prompt_logprobs,
-            num_draft_tokens=seq.num_draft_tokens,
-            num_accepted_tokens=seq.num_accepted_tokens,
-        )
-
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, offsets: list[int] | None):
-        """seq_id -> its token and its logprobs; a drafted sequence's: the list it accepts."""
-        if not seqs:
-            return {}, {}
-        if self._captured_logits is not None:
-            for seq, row in zip(seqs, logits):
-                self._captured_logits[seq.seq_id] = row.clone()
-        vocab_size, device = self.runner.vocab_size, self.runner.device
-        meta = SamplingMetadata.from_sequences(
-            seqs, vocab_size, device, self.penalty_counts, offsets
-        )
-        grammars = [seq.grammar for seq in seqs]
-        has_grammar = any(g is not None for g in grammars)
-        if has_grammar:
-            self.structured.apply_masks(grammars, logits)
-        result = self.runner.sampler(logits, meta)
-        if has_grammar:
-            self.structured.advance(grammars, result.token_ids)
-        for seq, token_id in zip(seqs, result.token_ids):
-            if seq.thinking_budget is not None:
-                seq.thinking_budget.advance(token_id)
-        if offsets is not None:
-            return verify_rows(self.speculator, seqs, offsets, result)
-        sampled = {seq.seq_id: tok for seq, tok in zip(seqs, result.token_ids)}
-        logprobs = {seq.seq_id: lp for seq, lp in zip(seqs, result.logprobs) if lp is not None}
-        return sampled, logprobs
-
-    @property
-    def structured(self):
-        """The grammar backend (llguidance), made on first use: most engines never need it."""
-        if self._structured is None:
-            from axon.structured import StructuredOutputs  # lazy: llguidance, rarely needed
-
-            path = self.config.tokenizer or self.config.model
-            self._structured = StructuredOutputs(path, self.runner.vocab_size, self.eos_token_ids)
-        return self._structured
 
     # ---- queries and debug hooks ------------------------------------------------------------
 

@@ -30,7 +30,6 @@ import logging
 from dataclasses import dataclass
 
 from axon.engine.drafting import Drafter
-from axon.sampling.penalties import has_penalty
 from axon.sequence import Sequence
 from axon.speculative_config import SpeculativeConfig
 
@@ -94,16 +93,14 @@ class Speculator:
         if not seqs:
             return
         for seq, draft, limit in zip(seqs, self.drafter.propose(seqs, limits), limits):
-            seq.spec_token_ids = list(draft[:limit])
+            seq.spec_token_ids = grammar_prefix(seq, list(draft[:limit]))
 
     def _may_draft(self, seq: Sequence) -> bool:
-        """A decode after its first token, with nothing that reads or edits its logits from
-        the tokens sampled before (penalties, grammar, thinking budget), not paused."""
+        """A decode after its first token, not paused. Penalties, a grammar and a thinking
+        budget draft too: each row is sampled as after the drafts before it."""
         if seq.num_tokens - seq.num_computed_tokens != 1 or seq.num_output_tokens < 1:
             return False
-        if seq.grammar is not None or seq.thinking_budget is not None or seq.pooling:
-            return False
-        if has_penalty(seq.sampling_params):
+        if seq.pooling:
             return False
         state = self._acceptance.get(seq.seq_id)
         return state is None or state.paused_until <= self.num_steps
@@ -198,3 +195,21 @@ def verify_rows(speculator: Speculator, seqs: list[Sequence], offsets: list[int]
                 logprobs[seq.seq_id] = lps[: len(kept)]
         row = end
     return sampled, logprobs
+
+
+def grammar_prefix(seq: Sequence, draft: list[int]) -> list[int]:
+    """The drafts up to the first that `seq`'s grammar rejects (none: no point verifying a
+    token the target may not sample); the matcher is left unchanged."""
+    if seq.grammar is None or not draft:
+        return draft
+    return draft[: seq.grammar.validate_tokens(draft)]
+
+
+def verified_drafts(seqs: list[Sequence], offsets: list[int]) -> list[list[int]]:
+    """Per row (row j of `seqs[j]`, output offset `offsets[j]`): at a drafted sequence's first
+    row the drafts its next rows verify, else []."""
+    drafts: list[list[int]] = [[] for _ in seqs]
+    for row, (seq, offset) in enumerate(zip(seqs, offsets)):
+        if offset:
+            drafts[row - offset] = seq.spec_token_ids[:offset]
+    return drafts

@@ -146,7 +146,9 @@ class SamplingMetadata:
         """Return the metadata of a batch whose logits row i belongs to `seqs[i]`.
 
         `offsets` (speculative decoding): row i samples `seqs[i]`'s output position
-        `num_output_tokens + offsets[i]` (its noise, its min_tokens); None: every offset is 0.
+        `num_output_tokens + offsets[i]` after its drafts `spec_token_ids[:offsets[i]]` (its
+        noise, min_tokens, penalty counts and thinking budget are those of that position);
+        None: every offset is 0.
 
         `penalty_counts`: the engine's persistent penalty state, brought up to date with the
         tokens sampled since its last step; without it the penalties are rebuilt from the
@@ -163,7 +165,7 @@ class SamplingMetadata:
         filtered = [i for i, p in enumerate(params) if not p.greedy and _has_filter(p)]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         banned_rows, banned_ids = _banned_tokens(seqs, vocab_size, offsets)
-        forced = [(i, t) for i, t in enumerate(map(forced_token, seqs)) if t is not None]
+        forced = [(i, t) for i, t in enumerate(map(forced_token, seqs, offsets)) if t is not None]
         return cls(
             num_rows=len(seqs),
             vocab_size=vocab_size,
@@ -172,9 +174,9 @@ class SamplingMetadata:
             filtered=_filtered_rows(seqs, filtered, vocab_size, device, offsets)
             if filtered
             else None,
-            penalties=penalty_counts.tensors(seqs)
+            penalties=penalty_counts.tensors(seqs, offsets)
             if penalty_counts is not None
-            else penalty_tensors_ref(seqs, vocab_size, device),
+            else penalty_tensors_ref(seqs, vocab_size, device, offsets),
             bias=_logit_bias(seqs, vocab_size, device),
             banned_rows=_long(banned_rows, device) if banned_rows else None,
             banned_ids=_long(banned_ids, device) if banned_ids else None,
@@ -225,13 +227,16 @@ def _plain_greedy(seq: Sequence, offset: int = 0) -> bool:
         and not params.logit_bias
         and not has_penalty(params)
         and seq.num_output_tokens + offset >= params.min_tokens
-        and forced_token(seq) is None
+        and forced_token(seq, offset) is None
     )
 
 
-def forced_token(seq: Sequence) -> int | None:
-    """The token `seq` must emit this step whatever its logits (a spent thinking budget)."""
+def forced_token(seq: Sequence, offset: int = 0) -> int | None:
+    """The token `seq` must emit `offset` places past its next one, after its drafts before
+    it, whatever its logits (a spent thinking budget)."""
     budget = seq.thinking_budget
+    if budget is not None and offset:
+        budget = budget.after(seq.spec_token_ids[:offset])
     return None if budget is None else budget.forced_token()
 
 

@@ -125,9 +125,12 @@ class PenaltyCounts:
         self.ids = torch.zeros(0, 16, dtype=torch.long, device=device)  # [S, C]
         self.counts = torch.zeros(0, 16, dtype=torch.float32, device=device)  # [S, C]
 
-    def tensors(self, seqs: list[Sequence]) -> PenaltyTensors | None:
+    def tensors(
+        self, seqs: list[Sequence], offsets: list[int] | None = None
+    ) -> PenaltyTensors | None:
         """Return the pairs the penalties change for a batch whose row i is `seqs[i]`, or None
-        when no row has a penalty; first brings every penalised row's counts up to date."""
+        when no row has a penalty; first brings every penalised row's counts up to date.
+        `offsets` (drafts): row i also counts `seqs[i].spec_token_ids[:offsets[i]]` as output."""
         self.release_departed()
         batch_rows = [i for i, seq in enumerate(seqs) if has_penalty(seq.sampling_params)]
         if not batch_rows:
@@ -148,6 +151,11 @@ class PenaltyCounts:
         params = [state.seq.sampling_params for state in states]
         counts = self.counts.view(-1).index_select(0, pool_index)  # [T]
         pair_ids = self.ids.view(-1).index_select(0, pool_index)  # [T]
+        drafts = [seqs[i].spec_token_ids[: offsets[i]] if offsets else [] for i in batch_rows]
+        if any(drafts):
+            pairs = _DraftPairs(self.vocab_size, self.device)
+            pairs.add(states, batch_rows, drafts)
+            pair_rows, pair_ids, counts, row_of = pairs.extend(pair_rows, pair_ids, counts, row_of)
         return _pair_tensors(params, pair_rows, pair_ids, counts, row_of)
 
     def release_departed(self) -> None:
@@ -227,6 +235,49 @@ class PenaltyCounts:
         self.ids, self.counts = ids, counts
 
 
+class _DraftPairs:
+    """What a drafted row's own drafts before it add to its pairs: +1 output count per draft
+    token, on the row's pair for that token or on a new pair (a token it had not seen)."""
+
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self.counted: dict[int, int] = {}  # index into the pairs -> count to add
+        # new pairs: (batch row, token id) -> [index into the states, count]
+        self.new: dict[tuple[int, int], list[int]] = {}
+
+    def add(self, states: list[_RowCounts], rows: list[int], drafts: list[list[int]]) -> None:
+        """Count `drafts[j]` for batch row `rows[j]`, whose state is `states[j]`."""
+        start = 0  # a state's first pair: the pairs are its columns, state by state
+        for index, (state, row, draft) in enumerate(zip(states, rows, drafts)):
+            for token_id in draft:
+                if token_id >= self.vocab_size:
+                    continue
+                column = state.position.get(token_id)
+                if column is not None:
+                    pair = start + column
+                    self.counted[pair] = self.counted.get(pair, 0) + 1
+                else:
+                    self.new.setdefault((row, token_id), [index, 0])[1] += 1
+            start += state.length
+
+    def extend(self, pair_rows, pair_ids, counts, row_of):
+        """The pairs ([T] rows, ids, counts, index into the states) with the drafts counted."""
+        if self.counted:
+            index = _long(list(self.counted), self.device)
+            counts = counts.index_add(0, index, _float(list(self.counted.values()), self.device))
+        if not self.new:
+            return pair_rows, pair_ids, counts, row_of
+        new_rows, new_ids = zip(*self.new)
+        new_states, new_counts = zip(*self.new.values())
+        return (
+            torch.cat([pair_rows, _long(list(new_rows), self.device)]),
+            torch.cat([pair_ids, _long(list(new_ids), self.device)]),
+            torch.cat([counts, _float(list(new_counts), self.device)]),
+            torch.cat([row_of, _long(list(new_states), self.device)]),
+        )
+
+
 def _flat_pairs(
     rows: list[int], token_lists: list[list[int]], vocab_size: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,9 +291,13 @@ def _flat_pairs(
 
 
 def penalty_tensors_ref(
-    seqs: list[Sequence], vocab_size: int, device: torch.device
+    seqs: list[Sequence],
+    vocab_size: int,
+    device: torch.device,
+    offsets: list[int] | None = None,
 ) -> PenaltyTensors | None:
-    """Return the penalties' pairs rebuilt from the full token lists (PenaltyCounts' twin).
+    """Return the penalties' pairs rebuilt from the full token lists (PenaltyCounts' twin);
+    `offsets` (drafts): row i's output also has `seqs[i].spec_token_ids[:offsets[i]]`.
 
     A token listed twice makes two equal pairs, which compute the same value; a prompt-only
     pair has count 0, so subtracting its term changes nothing.
@@ -251,12 +306,13 @@ def penalty_tensors_ref(
     if not rows:
         return None
     params = [seqs[i].sampling_params for i in rows]
+    drafts = [seqs[i].spec_token_ids[: offsets[i]] if offsets else [] for i in rows]
+    output = [[*seqs[i].output_token_ids, *draft] for i, draft in zip(rows, drafts)]
     tokens = [
-        seqs[i].token_ids if p.repetition_penalty != 1.0 else seqs[i].output_token_ids
-        for i, p in zip(rows, params)
+        [*seqs[i].prompt_token_ids, *out] if p.repetition_penalty != 1.0 else out
+        for i, p, out in zip(rows, params, output)
     ]
     pair_rows, pair_ids = _flat_pairs(rows, tokens, vocab_size, device)  # [T], [T]
-    output = [seqs[i].output_token_ids for i in rows]
     out_rows, out_ids = _flat_pairs(rows, output, vocab_size, device)  # [T_out]
     sorted_keys = (out_rows * vocab_size + out_ids).sort().values  # [T_out]
     keys = pair_rows * vocab_size + pair_ids  # [T]

@@ -8,6 +8,8 @@ one a step; a model that closes thinking itself is left alone.
 
 from __future__ import annotations
 
+import copy
+
 from axon.sampling_params import SamplingParams
 
 _BEFORE, _THINKING, _CLOSING, _DONE = "before", "thinking", "closing", "done"
@@ -34,6 +36,14 @@ class ThinkingBudget:
         if self.state == _THINKING and self.num_thinking >= self.limit:
             return self.end_ids[0]
         return None
+
+    def after(self, token_ids: list[int]) -> ThinkingBudget:
+        """A copy of this budget advanced by `token_ids` (a draft's row sees the drafts before
+        it); this one is left unchanged."""
+        budget = copy.copy(self)
+        for token_id in token_ids:
+            budget.advance(token_id)
+        return budget
 
     def advance(self, token_id: int) -> None:
         """Take the token the sequence just emitted."""

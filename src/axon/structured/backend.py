@@ -9,15 +9,20 @@ grammars with inline `%json{…}`, which tool calls use.
 
 The grammar state lives on the Sequence. Preemption recomputes the KV cache but keeps the
 generated tokens, so the matcher, which has consumed exactly those tokens, stays consistent.
+Under speculative decoding a drafted sequence's verified rows are masked in turn, each after
+the drafts before it (llguidance consumes them and rolls them back), and the matcher then
+consumes only the tokens the step kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from axon.structured.grammars import build_grammar
@@ -122,28 +127,50 @@ class StructuredOutputs:
         return grammar
 
     @torch.inference_mode()
-    def apply_masks(self, matchers: list, logits: torch.Tensor) -> None:
+    def apply_masks(
+        self, matchers: list, logits: torch.Tensor, drafts: list[list[int]] | None = None
+    ) -> None:
         """Set to -inf, in place, every logit [B, V] a row's matcher forbids (rows whose
-        matcher is None are left alone)."""
-        rows = [(m, row) for row, m in enumerate(matchers) if m is not None]
-        if not rows:
+        matcher is None are left alone). `drafts[i]` (speculative decoding): the drafts that
+        rows i + 1 .. i + len(drafts[i]) verify, rows of the same matcher: row i + j is masked
+        as after the drafts before it (the matcher consumes them and rolls them back)."""
+        tasks, rows = [], []  # (matcher, its first mask, drafts); the logits row of each mask
+        row = 0
+        while row < len(matchers):
+            draft = drafts[row] if drafts is not None else []
+            if matchers[row] is not None:
+                tasks.append((matchers[row], len(rows), draft))
+                rows.extend(range(row, row + 1 + len(draft)))
+            row += 1 + len(draft)
+        if not tasks:
             return
-        size = self._ll_tokenizer().vocab_size
-        words = (size + 31) // 32
+        words = (self._ll_tokenizer().vocab_size + 31) // 32
         bitmask = torch.full((len(rows), words), -1, dtype=torch.int32)  # [R, W]
-        local = [(matcher, i) for i, (matcher, _) in enumerate(rows)]
-        # The rows' masks, computed in parallel by llguidance's thread pool.
-        self._executor.unsafe_compute_mask_ptr(local, bitmask.data_ptr(), words * 4, len(rows))
-        row_index = torch.tensor([row for _, row in rows], device=logits.device)  # [R]
+        # The masks, computed in parallel by llguidance's thread pool (a drafted matcher's
+        # in turn, each after consuming the draft before it).
+        executor, pointer, size = self._executor, bitmask.data_ptr(), words * 4
+        plain = [(matcher, first) for matcher, first, draft in tasks if not draft]
+        if plain:
+            executor.unsafe_compute_mask_ptr(plain, pointer, size, len(rows))
+        drafted = [task for task in tasks if task[2]]
+        if drafted:
+            executor.unsafe_compute_mask_ptr_with_draft_token(drafted, pointer, size, len(rows))
         allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[-1])  # [R, V]
+        if len(rows) == logits.shape[0]:  # every row (one stream, its drafts): in place
+            logits.masked_fill_(~allowed, float("-inf"))
+            return
+        row_index = torch.tensor(rows, device=logits.device)  # [R]
         logits[row_index] = logits[row_index].masked_fill(~allowed, float("-inf"))
 
     @staticmethod
-    def advance(matchers: list, token_ids: list[int]) -> None:
-        """Feed each row's sampled token to its matcher."""
-        for matcher, token_id in zip(matchers, token_ids):
-            if matcher is not None and not matcher.consume_token(token_id):
-                logger.warning("grammar rejected token %d: %s", token_id, matcher.get_error())
+    def advance(matchers: list, token_ids: list[list[int]]) -> None:
+        """Feed each matcher its sequence's new tokens (one, or a drafted step's kept ones),
+        one at a time as without drafts (a stopped grammar takes EOS once a token)."""
+        for matcher, tokens in zip(matchers, token_ids):
+            for token_id in tokens if matcher is not None else ():
+                if not matcher.consume_token(token_id):
+                    logger.warning("grammar rejected token %d: %s", token_id, matcher.get_error())
+                    break
 
 
 def _grammar_key(spec: dict) -> str:
@@ -153,9 +180,14 @@ def _grammar_key(spec: dict) -> str:
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The bool mask [R, vocab_size] of a packed int32 bitmask [R, W] (bit j of word i is token
     32 * i + j); tokens past the bitmask are forbidden."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [R, W, 32]
-    allowed = bits.flatten(1).bool()  # [R, 32W]
+    if bitmask.device.type == "cpu" and sys.byteorder == "little":
+        # Bit j of word i is bit j % 8 of byte 4 i + j // 8: numpy unpacks the bytes in one
+        # pass, 10x faster than the shifts below over a 262k vocabulary (per verified row).
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+        allowed = torch.from_numpy(bits).view(torch.bool)  # [R, 32W], 0 or 1 a byte
+    else:
+        shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
+        allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1).bool()  # [R, 32W]
     if allowed.shape[1] >= vocab_size:
         return allowed[:, :vocab_size]
     padding = allowed.new_zeros(allowed.shape[0], vocab_size - allowed.shape[1])
