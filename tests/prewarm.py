@@ -2,6 +2,12 @@
 otherwise build inside its tests, so that a fresh machine's first run costs what a later one
 does. scripts/setup.sh runs it in the background, beside axon's own prewarm.
 
+Beside everything else, the bytecode of src/ and tests/, pytest's assertion-rewritten test
+modules included: every xdist worker imports every test module to collect the suite, and
+rewriting the asserts of ~150 test files costs a worker ~4 s of CPU when no cached copy is there.
+It is written even under PYTHONDONTWRITEBYTECODE, which stops a run from writing bytecode but
+not from reading it, so that such runs find it too (in the __pycache__ folders git ignores).
+
 In order: the kernel variants (tests/c_builds.py); then, at once, the GGUF files llama.cpp's
 converter makes of the tiny Qwen3-MoE / Qwen3.5 checkpoints (the fixtures themselves, set up by
 `pytest --setup-only`, so the files are the ones the tests would make); beside them, the
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -29,6 +36,23 @@ FIXTURE_TESTS = (
     "tests/quant/test_gguf_qwen3_5.py::test_config_comes_from_metadata",
     "tests/engine/test_tensor_parallel_moe.py::test_gguf_q8_0_experts_shard_and_equal_tp1",
 )
+
+
+def bytecode() -> subprocess.Popen:
+    """src/ and tests/ compiled, and the test modules collected (which writes the rewritten
+    bytecode pytest reads back), in a process that may write bytecode."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    compile_all = [sys.executable, "-m", "compileall", "-q", "src", "tests"]
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    script = f"{shlex.join(compile_all)}; {shlex.join(collect)} >/dev/null"
+    return subprocess.Popen(
+        ["sh", "-c", script],
+        cwd=TESTS.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def kernel_variants() -> list[str]:
@@ -98,6 +122,7 @@ def main() -> int:
     sys.path[:0] = [str(TESTS), str(TESTS.parent / "src")]
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' and the converter's progress bars
     started = time.monotonic()
+    compiling = bytecode()
     for line in kernel_variants():
         print(line, flush=True)
     process = fixtures()
@@ -113,6 +138,9 @@ def main() -> int:
     else:
         status = process.returncode
         lines.append(f"GGUF fixtures: not built (pytest exit {status}): {output[-500:]}")
+    output = compiling.communicate()[0]
+    status = compiling.returncode
+    lines.append("bytecode: ready" if status == 0 else f"bytecode: exit {status}: {output[-500:]}")
     for line in lines:
         print(line, flush=True)
     print(f"test caches ready in {time.monotonic() - started:.0f} s", flush=True)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import pytest
 
 from axon.server.schemas.anthropic_protocol import MessagesRequest, chat_messages
+from lazy_modules import lazy
 from tests.clients.conftest import CITY_SCHEMA, MODEL_ID, RESULT, rendered_prompt
 
-anthropic = pytest.importorskip("anthropic")
+anthropic = lazy("anthropic")
 
 WEATHER = {"name": "get_weather", "description": "The weather.", "input_schema": CITY_SCHEMA}
 

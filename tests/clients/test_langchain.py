@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
+from lazy_modules import lazy
 from tests.clients.conftest import (
     CITY_SCHEMA,
     MODEL_ID,
@@ -15,8 +14,8 @@ from tests.clients.conftest import (
     rendered_prompt,
 )
 
-langchain_openai = pytest.importorskip("langchain_openai")
-messages_module = pytest.importorskip("langchain_core.messages")
+langchain_openai = lazy("langchain_openai")
+messages_module = lazy("langchain_core.messages")
 
 WEATHER = {
     "type": "function",

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-
+from lazy_modules import lazy
 from tests.clients.conftest import (
     CITY_SCHEMA,
     MODEL_ID,
@@ -18,7 +17,7 @@ from tests.clients.conftest import (
 
 # LiteLLM fetches its model price map from GitHub at import unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-litellm = pytest.importorskip("litellm")
+litellm = lazy("litellm")
 
 WEATHER = {
     "type": "function",

@@ -19,9 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lazy_modules import lazy
 from tests.clients.conftest import MODEL_ID, Recorder, _handler
 
-lm_eval = pytest.importorskip("lm_eval")
+lm_eval = lazy("lm_eval")
 
 QUESTIONS = [
     {"question": "Q: What is the capital of France?\nA:", "answer": "Paris"},

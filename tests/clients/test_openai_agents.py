@@ -12,9 +12,10 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
+from lazy_modules import lazy
 from tests.clients.conftest import MODEL_ID, RESULT, assert_chat_tool_loop, rendered_prompt
 
-agents = pytest.importorskip("agents")
+agents = lazy("agents")
 
 
 class Report(BaseModel):

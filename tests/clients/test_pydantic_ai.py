@@ -8,11 +8,10 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-import pytest
-
+from lazy_modules import lazy
 from tests.clients.conftest import MODEL_ID, RESULT, assert_chat_tool_loop, rendered_prompt
 
-pydantic_ai = pytest.importorskip("pydantic_ai")
+pydantic_ai = lazy("pydantic_ai")
 
 
 def _tool_answered(ctx) -> bool:
@@ -22,10 +21,16 @@ def _tool_answered(ctx) -> bool:
     return any(isinstance(part, ToolReturnPart) for part in parts)
 
 
-@dataclass(init=False)
-class ForceWeatherFirst(pydantic_ai.capabilities.AbstractCapability):
-    def get_model_settings(self):
-        return lambda ctx: {} if _tool_answered(ctx) else {"tool_choice": ["get_weather"]}
+def _force_weather_first():
+    """A capability that forces the tool until it has answered (a class defined here, as
+    pydantic-ai is imported only when a test runs)."""
+
+    @dataclass(init=False)
+    class ForceWeatherFirst(pydantic_ai.capabilities.AbstractCapability):
+        def get_model_settings(self):
+            return lambda ctx: {} if _tool_answered(ctx) else {"tool_choice": ["get_weather"]}
+
+    return ForceWeatherFirst()
 
 
 def _agent(recorder, calls: list[str]):
@@ -42,7 +47,7 @@ def _agent(recorder, calls: list[str]):
     agent = pydantic_ai.Agent(
         OpenAIChatModel(MODEL_ID, provider=provider),
         model_settings=settings,
-        capabilities=[ForceWeatherFirst()],
+        capabilities=[_force_weather_first()],
     )
 
     @agent.tool_plain

@@ -17,11 +17,12 @@ import httpx
 import jsonschema
 import pytest
 
+from lazy_modules import lazy
 from tests.parsers.conftest import byte_tokenizer
 
 from .conftest import MODEL_ID
 
-anthropic = pytest.importorskip("anthropic")
+anthropic = lazy("anthropic")
 
 HELLO = [{"role": "user", "content": "hello world"}]
 PROMPT_TOKENS = 7  # <|im_start|> user hello world <|im_end|> <|im_start|> assistant

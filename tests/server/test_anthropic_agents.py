@@ -11,10 +11,11 @@ import httpx
 import pytest
 
 from axon.server.schemas.anthropic_protocol import MessagesRequest, chat_messages
+from lazy_modules import lazy
 
 from .conftest import MODEL_ID
 
-anthropic = pytest.importorskip("anthropic")
+anthropic = lazy("anthropic")
 
 HELLO = [{"role": "user", "content": "hello world"}]
 THINK = {"type": "enabled", "budget_tokens": 16}
