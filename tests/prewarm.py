@@ -34,6 +34,7 @@ FIXTURE_TESTS = (
     "tests/quant/test_gguf_moe.py::test_config_comes_from_metadata",
     "tests/quant/test_gguf_moe.py::test_qwen35moe_config_comes_from_metadata",
     "tests/quant/test_gguf_qwen3_5.py::test_config_comes_from_metadata",
+    "tests/quant/test_gguf_qwen3_5_mtp.py::test_the_gguf_nextn_block_loads_as_mtp",
     "tests/engine/test_tensor_parallel_moe.py::test_gguf_q8_0_experts_shard_and_equal_tp1",
 )
 
