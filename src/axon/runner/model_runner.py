@@ -257,9 +257,10 @@ class ModelRunner:
             inputs.positions,
             inputs.attn,
             inputs.rows,
-            [seq for seq, _ in out.scheduled],
+            inputs.seqs,
             [(base + index, slot) for slot, index in out.state_restores],
             samples_every_row=True,
+            sample_offsets=inputs.offsets,
         )
 
     # ---- images -----------------------------------------------------------------------------
