@@ -79,10 +79,10 @@ static int pk_of(int type) { return type == Q4_K_PANELS ? 1 : 2; }
 #define PANEL 8 /* rows per panel: one per 32-bit lane of a 256-bit vector */
 #define UNIT 2  /* panels per unit of work: a broadcast activation serves 16 rows */
 #define GEMV_ROWS 32 /* rows per unit of work for one token: an octet alone is ~0.3 us */
-/* Legacy weights, up to this many tokens (a decode and its drafts to verify): 8 rows straight
- * from their blocks, as one token, each block's codes multiplied with every token's. The panels
- * cost a decode of every block into scratch first, which at a few tokens is the matmul's
- * largest part: SmolLM2's Q4_1 layers took 2x the one-token time at 2 tokens. */
+/* Legacy weights but Q8_0, up to this many tokens (a decode and its drafts to verify): 8 rows
+ * straight from their blocks, as one token, each block's codes multiplied with every token's.
+ * The panels cost a decode of every block into scratch first, which at a few tokens is the
+ * matmul's largest part: SmolLM2's Q4_1 layers took 2x the one-token time at 2 tokens. */
 #ifndef GEMV_TOKENS
 #define GEMV_TOKENS 8
 #endif
@@ -1403,18 +1403,8 @@ INLINE void gemv_32(const int type, const uint8_t *w, int64_t row_bytes, int cou
     store_rows(acc, y, count);
 }
 
-/* The integer sum of a legacy block's codes (codes_32) times q (8 partial lanes), as row_32. */
-static inline __m256i dot_32(int type, __m256i codes, __m256i q) {
-    const __m256i zero = _mm256_setzero_si256();
-    if (type != Q8_0) return dot_u(zero, codes, q);
-#ifdef Q8_VNNI
-    return _mm256_dpbusd_epi32(zero, _mm256_abs_epi8(codes), _mm256_sign_epi8(q, codes));
-#else
-    return dot_s(zero, codes, q);
-#endif
-}
-
-/* gemv_32 for tokens [0, T), T <= GEMV_TOKENS: a block's 8 rows decoded once for all of them,
+/* gemv_32 for tokens [0, T), T <= GEMV_TOKENS, of the legacy types with unsigned codes (Q8_0's
+ * panels are a plain copy, faster at 2-8 tokens): a block's 8 rows decoded once for all tokens,
  * and per (row, token) gemv_32's steps in its order, so a row's bits do not depend on T. */
 INLINE void gemv_32_tokens(const int type, const uint8_t *w, int64_t row_bytes, int count,
                            int64_t blocks, const Token *x, int T, float *y, int64_t ldy) {
@@ -1438,9 +1428,9 @@ INLINE void gemv_32_tokens(const int type, const uint8_t *w, int64_t row_bytes, 
         for (int t = 0; t < T; t++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * k));
             __m256i isum[PANEL];
-            for (int r = 0; r < PANEL; r++) isum[r] = dot_32(type, codes[r], q);
+            for (int r = 0; r < PANEL; r++) isum[r] = dot_u(_mm256_setzero_si256(), codes[r], q);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum)), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[k])), acc[t]);
-            if (type != Q8_0) acc[t] = _mm256_fmadd_ps(bias, _mm256_set1_ps(((const float *)x[t].sums)[k]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(bias, _mm256_set1_ps(((const float *)x[t].sums)[k]), acc[t]);
         }
     }
     for (int t = 0; t < T; t++) store_rows(acc[t], y + t * ldy, count);
@@ -1471,7 +1461,6 @@ GEMV32_FN(Q4_0) GEMV32_FN(Q4_1) GEMV32_FN(Q5_0) GEMV32_FN(Q5_1) GEMV32_FN(Q8_0)
         gemv_32_tokens(T, w, row_bytes, count, blocks, x, tokens, y, ldy);                        \
     }
 GEMV32_TOKENS_FN(Q4_0) GEMV32_TOKENS_FN(Q4_1) GEMV32_TOKENS_FN(Q5_0) GEMV32_TOKENS_FN(Q5_1)
-GEMV32_TOKENS_FN(Q8_0)
 
 typedef void (*gemv_tokens_fn)(const uint8_t *, int64_t, int, int64_t, const Token *, int, float *, int64_t);
 static gemv_tokens_fn gemv_tokens_of(int type) {
@@ -1479,8 +1468,7 @@ static gemv_tokens_fn gemv_tokens_of(int type) {
     case Q4_0: return gemv_tokens_Q4_0;
     case Q4_1: return gemv_tokens_Q4_1;
     case Q5_0: return gemv_tokens_Q5_0;
-    case Q5_1: return gemv_tokens_Q5_1;
-    default: return gemv_tokens_Q8_0;
+    default: return gemv_tokens_Q5_1; /* axon_q8_matmul_parts sends no other type here */
     }
 }
 
@@ -1782,14 +1770,14 @@ static int prepare_acts(const float *x, int64_t tokens, int64_t cols, int need_k
 int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
                          const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
                          float *y, int64_t ldy, int threads) {
-    int need_k = 0, need_32 = 0;
+    int need_k = 0, need_32 = 0, any_q8_0 = 0;
     for (int p = 0; p < parts; p++) {
         if (!axon_q8_supported(types[p]) || cols % q8_block(types[p])) return -1;
         if (packed_from(types[p]) && (uintptr_t)ws[p] % 64) return -1; /* aligned loads */
-        need_k |= is_k(types[p]), need_32 |= !is_k(types[p]);
+        need_k |= is_k(types[p]), need_32 |= !is_k(types[p]), any_q8_0 |= types[p] == Q8_0;
     }
 #ifdef __AVX2__
-    const int straight = tokens == 1 || (tokens <= GEMV_TOKENS && !need_k);
+    const int straight = tokens == 1 || (tokens <= GEMV_TOKENS && !need_k && !any_q8_0);
 #else
     const int straight = 0;
 #endif
