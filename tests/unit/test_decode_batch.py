@@ -122,3 +122,32 @@ def test_a_lone_sequences_key_slots_are_extended_step_by_step_and_redone_for_a_n
     inputs = decode_inputs(out, BLOCK, CPU, host)
     width = seq.num_computed_tokens + 1
     assert inputs.attn.decode_key_slots.tolist() == reference_key_slots([seq], width)
+
+
+def test_a_decode_with_drafts_is_one_decode_row_per_token() -> None:
+    """Speculative decoding: the decode token and its drafts are rows of their own, each
+    attending up to its position; the kept key slots are not used (a rejected draft's block
+    goes back to the pool)."""
+    plain = decoding([5, 6, 7], [9])
+    drafted = decoding([100, 101, 102, 103], [3, 7])  # decode at position 3, drafts at 4, 5
+    drafted.spec_token_ids = [104, 105]
+    out = SchedulerOutput(scheduled=[(plain, 1), (drafted, 3)])
+    assert is_decode_only(out)
+    inputs = decode_inputs(out, BLOCK, CPU, HostBuffers())
+    assert inputs.input_ids.tolist() == [7, 103, 104, 105]
+    assert inputs.positions.tolist() == [2, 3, 4, 5]
+    assert inputs.attn.slot_mapping.tolist() == [9 * 4 + 2, 3 * 4 + 3, 7 * 4 + 0, 7 * 4 + 1]
+    assert inputs.attn.decode_context_lens.tolist() == [3, 4, 5, 6]
+    rows = [plain, drafted, drafted, drafted]
+    assert inputs.attn.decode_key_slots.tolist() == reference_key_slots(rows, 6)
+    assert inputs.seqs == rows and inputs.offsets == [0, 0, 1, 2]
+    assert inputs.rows.tolist() == [0, 1, 2, 3]
+
+
+def test_drafts_of_a_sequence_with_recurrent_state_take_the_general_path() -> None:
+    seq = decoding([1, 2, 3], [0], state_slot=2)  # a GDN layer chains its verify rows' states
+    seq.spec_token_ids = [4]
+    assert not is_decode_only(SchedulerOutput(scheduled=[(seq, 2)]))
+    seq.state_slot = None
+    assert is_decode_only(SchedulerOutput(scheduled=[(seq, 2)]))
+    assert not is_decode_only(SchedulerOutput(scheduled=[(seq, 3)]))  # not 1 + its drafts

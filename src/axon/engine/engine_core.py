@@ -207,6 +207,8 @@ class EngineCore(StepSampling):
         if self.pooler is not None:
             return self._embed_step(out, batch, filled)
         logits = self.runner.forward_logits(batch)
+        if self.speculator is not None and batch.samples_every_row:  # decode-only: a row cost
+            self.speculator.time_step(len(batch.sampling_seqs), self.runner.forward_seconds)
         self._keep_prompt_logprobs(batch.prompt)
         sampled, logprobs = self._sample(batch.sampling_seqs, logits, batch.sample_offsets)
         self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)

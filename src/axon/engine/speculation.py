@@ -10,15 +10,12 @@ is the standard accept / resample rule, and the tokens are the ones the engine w
 would have sampled, greedy and seeded alike.
 
 Adaptive: a draft pays when its expected accepted tokens cost less than the tokens the step
-makes anyway. On the CPU (the demo GGUFs, 2 threads, measured interleaved) one step's forward
-costs about 1 + c * (T - 1) decode steps for T rows, c 0.15-0.55 (gemma-3-270m int8 about 0.2,
-SmolLM2-135M float32 0.35-0.55; the fused decode path is no faster than the general one at
-T = 1): the weights are read once a step, every row adds its compute. With B sequences running
-a token costs (1 + ROW_COST (B - 1)) / B and a draft token ROW_COST / acceptance, so a sequence
-drafts while the EWMA of its acceptance (accepted / drafted) exceeds
-ROW_COST B / (1 + ROW_COST (B - 1)): 0.45 alone, 0.77 with 4 running, 0.92 with 16 (ROW_COST
-near the top of the measured range: a draft that does not pay costs more than one that pays
-gains; measuring c per model while serving would be the better rule, not built yet). Below it,
+makes anyway. One step's forward of T rows costs about 1 + c * (T - 1) one-row steps: the
+weights are read once a step, every row adds its compute. c is measured while serving
+(engine/row_cost.py: the engine times its decode-only steps and fits it, from a prior of 0.45).
+With B sequences running a token costs (1 + c (B - 1)) / B and a draft token c / acceptance, so
+a sequence drafts while the EWMA of its acceptance (accepted / drafted) exceeds
+c B / (1 + c (B - 1)) (with c = 0.45: 0.45 alone, 0.77 with 4 running, 0.92 with 16). Below it,
 a sequence pauses `_PAUSE_STEPS` steps and then tries again, twice as long after each pause in
 a row (text with nothing to copy stops costing anything); above `max_seqs` running sequences
 nobody drafts.
@@ -30,13 +27,14 @@ import logging
 from dataclasses import dataclass
 
 from axon.engine.drafting import Drafter
+from axon.engine.row_cost import ROW_COST_PRIOR, RowCost
 from axon.sequence import Sequence
 from axon.speculative_config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
 _EWMA_WEIGHT = 0.3  # of the newest step's acceptance
-ROW_COST = 0.45  # one more row of a step, in decode steps (measured 0.15-0.55: see above)
+ROW_COST = ROW_COST_PRIOR  # one more row of a step, in one-row steps, before any is measured
 _PAUSE_STEPS = 16  # steps without drafts before a paused sequence tries again, at first
 _MAX_PAUSE_DOUBLINGS = 4  # the longest pause: 16 << 4 = 256 steps
 DEFAULT_MAX_SEQS = 16  # where drafts would need 84% acceptance to pay
@@ -69,7 +67,8 @@ class Speculator:
         self.max_model_len = max_model_len
         self.max_seqs = max_seqs
         self.num_steps = 0
-        self.row_cost = ROW_COST
+        self.row_costs = RowCost()
+        self._fixed_row_cost: float | None = None
         self._required = min_acceptance(1)
         self._acceptance: dict[int, _Acceptance] = {}
         # vLLM's spec_decode counters: drafts (sequences that drafted, per step), their tokens,
@@ -78,6 +77,20 @@ class Speculator:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_position = [0] * self.k
+
+    @property
+    def row_cost(self) -> float:
+        """One more row of a step, in one-row steps: measured (`row_costs`), unless set."""
+        fixed = self._fixed_row_cost
+        return self.row_costs.value if fixed is None else fixed
+
+    @row_cost.setter
+    def row_cost(self, value: float) -> None:
+        self._fixed_row_cost = value
+
+    def time_step(self, rows: int, seconds: float) -> None:
+        """Count a decode-only step's forward (`rows` rows, drafts included) in the row cost."""
+        self.row_costs.observe(rows, seconds)
 
     def propose(self, running: list[Sequence]) -> None:
         """Set each running sequence's drafts for the coming step (none for most)."""

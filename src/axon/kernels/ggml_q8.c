@@ -79,6 +79,13 @@ static int pk_of(int type) { return type == Q4_K_PANELS ? 1 : 2; }
 #define PANEL 8 /* rows per panel: one per 32-bit lane of a 256-bit vector */
 #define UNIT 2  /* panels per unit of work: a broadcast activation serves 16 rows */
 #define GEMV_ROWS 32 /* rows per unit of work for one token: an octet alone is ~0.3 us */
+/* Legacy weights but Q8_0, up to this many tokens (a decode and its drafts to verify): 8 rows
+ * straight from their blocks, as one token, each block's codes multiplied with every token's.
+ * The panels cost a decode of every block into scratch first, which at a few tokens is the
+ * matmul's largest part: SmolLM2's Q4_1 layers took 2x the one-token time at 2 tokens. */
+#ifndef GEMV_TOKENS
+#define GEMV_TOKENS 8
+#endif
 /* One token, K-quant rows of at most this many blocks are read one after the other, not 8 side
  * by side: 8 short interleaved streams left the hardware prefetcher retraining on every row.
  * Legacy rows go 8 side by side with the 8 rows' run prefetched as one line (gemv_32). */
@@ -1396,6 +1403,39 @@ INLINE void gemv_32(const int type, const uint8_t *w, int64_t row_bytes, int cou
     store_rows(acc, y, count);
 }
 
+/* gemv_32 for tokens [0, T), T <= GEMV_TOKENS, of the legacy types with unsigned codes (Q8_0's
+ * panels are a plain copy, faster at 2-8 tokens): a block's 8 rows decoded once for all tokens,
+ * and per (row, token) gemv_32's steps in its order, so a row's bits do not depend on T. */
+INLINE void gemv_32_tokens(const int type, const uint8_t *w, int64_t row_bytes, int count,
+                           int64_t blocks, const Token *x, int T, float *y, int64_t ldy) {
+    const int bytes = q8_bytes(type);
+    const int64_t run = PANEL * row_bytes, step = PANEL * bytes;
+    const uint8_t *pf = w + PF32_AHEAD;
+    __m256 acc[GEMV_TOKENS];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < blocks; k++) {
+        for (int64_t at = (k * step + 63) & ~(int64_t)63; at < (k + 1) * step && at < run; at += 64)
+            PREFETCH_L2(pf + at);
+        __m256i codes[PANEL];
+        const uint8_t *b[PANEL];
+        for (int r = 0; r < PANEL; r++) {
+            b[r] = w + (r < count ? r : count - 1) * row_bytes + k * bytes;
+            codes[r] = codes_32(type, b[r]);
+        }
+        const __m256 d = f16_lanes(b, 0);
+        const __m256 bias = type == Q4_1 || type == Q5_1 ? f16_lanes(b, 2)
+                                                         : _mm256_mul_ps(_mm256_set1_ps(type == Q4_0 ? -8.0f : -16.0f), d);
+        for (int t = 0; t < T; t++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * k));
+            __m256i isum[PANEL];
+            for (int r = 0; r < PANEL; r++) isum[r] = dot_u(_mm256_setzero_si256(), codes[r], q);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum)), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[k])), acc[t]);
+            acc[t] = _mm256_fmadd_ps(bias, _mm256_set1_ps(((const float *)x[t].sums)[k]), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) store_rows(acc[t], y + t * ldy, count);
+}
+
 /* One compiled loop per type: the per-block branches on the type fold away. Short K-quant rows
  * one after the other, long ones (each a long stream) 8 side by side: no buffer of partial sums. */
 #define GEMV_FN(T, body)                                                                          \
@@ -1415,6 +1455,22 @@ GEMV_FN(Q4_K, gemv_k) GEMV_FN(Q5_K, gemv_k) GEMV_FN(Q6_K, gemv_k)
         gemv_32(T, w, row_bytes, count, blocks, x, y);                                            \
     }
 GEMV32_FN(Q4_0) GEMV32_FN(Q4_1) GEMV32_FN(Q5_0) GEMV32_FN(Q5_1) GEMV32_FN(Q8_0)
+#define GEMV32_TOKENS_FN(T)                                                                       \
+    NOINLINE void gemv_tokens_##T(const uint8_t *w, int64_t row_bytes, int count, int64_t blocks, \
+                                  const Token *x, int tokens, float *y, int64_t ldy) {            \
+        gemv_32_tokens(T, w, row_bytes, count, blocks, x, tokens, y, ldy);                        \
+    }
+GEMV32_TOKENS_FN(Q4_0) GEMV32_TOKENS_FN(Q4_1) GEMV32_TOKENS_FN(Q5_0) GEMV32_TOKENS_FN(Q5_1)
+
+typedef void (*gemv_tokens_fn)(const uint8_t *, int64_t, int, int64_t, const Token *, int, float *, int64_t);
+static gemv_tokens_fn gemv_tokens_of(int type) {
+    switch (type) {
+    case Q4_0: return gemv_tokens_Q4_0;
+    case Q4_1: return gemv_tokens_Q4_1;
+    case Q5_0: return gemv_tokens_Q5_0;
+    default: return gemv_tokens_Q5_1; /* axon_q8_matmul_parts sends no other type here */
+    }
+}
 
 typedef void (*gemv_fn)(const uint8_t *, int64_t, int, int64_t, const Token *, float *);
 static gemv_fn gemv_of(int type) {
@@ -1440,6 +1496,7 @@ typedef struct {
     int64_t cols, tokens, ldy;
     int64_t ahead; /* rows between a panel and the one its decode prefetches (decode_panel) */
     int64_t units, chunk; /* many tokens: units of 16 rows, tokens per pass over them */
+    int straight; /* tokens read the weights where they lie, GEMV_ROWS a unit (gemv, gemv_tokens) */
     const Acts *k_acts, *acts32;
     float *y;
 } Call;
@@ -1647,6 +1704,18 @@ static int unit_of(const Call *c, int64_t rows_per, int64_t u, int64_t *n0, int6
 static int run_work(const Call *c, int64_t u) {
     int64_t n0, column;
 #ifdef __AVX2__
+    if (c->tokens > 1 && c->straight) {
+        const int p = unit_of(c, GEMV_ROWS, u, &n0, &column), type = c->types[p];
+        const int64_t blocks = c->cols / q8_block(type), row_bytes = blocks * q8_bytes(type);
+        Token x[GEMV_TOKENS];
+        for (int t = 0; t < c->tokens; t++) x[t] = token_of(c, type, t);
+        for (int64_t r0 = n0; r0 < n0 + GEMV_ROWS && r0 < c->rows[p]; r0 += PANEL) {
+            const int count = (int)(c->rows[p] - r0 < PANEL ? c->rows[p] - r0 : PANEL);
+            gemv_tokens_of(type)(c->ws[p] + r0 * row_bytes, row_bytes, count, blocks, x, (int)c->tokens,
+                                 c->y + column + r0, c->ldy);
+        }
+        return 1;
+    }
     if (c->tokens == 1) {
         const int p = unit_of(c, GEMV_ROWS, u, &n0, &column), type = c->types[p];
         if (packed_from(type)) { /* the tiles, one token, over the panels where they lie */
@@ -1701,19 +1770,20 @@ static int prepare_acts(const float *x, int64_t tokens, int64_t cols, int need_k
 int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
                          const int64_t *rows, int64_t cols, const float *x, int64_t tokens,
                          float *y, int64_t ldy, int threads) {
-    int need_k = 0, need_32 = 0;
-#ifdef __AVX2__
-    const int64_t rows_per = tokens == 1 ? GEMV_ROWS : UNIT * PANEL;
-#else
-    const int64_t rows_per = UNIT * PANEL;
-#endif
-    int64_t units = 0;
+    int need_k = 0, need_32 = 0, any_q8_0 = 0;
     for (int p = 0; p < parts; p++) {
         if (!axon_q8_supported(types[p]) || cols % q8_block(types[p])) return -1;
         if (packed_from(types[p]) && (uintptr_t)ws[p] % 64) return -1; /* aligned loads */
-        need_k |= is_k(types[p]), need_32 |= !is_k(types[p]);
-        units += (rows[p] + rows_per - 1) / rows_per;
+        need_k |= is_k(types[p]), need_32 |= !is_k(types[p]), any_q8_0 |= types[p] == Q8_0;
     }
+#ifdef __AVX2__
+    const int straight = tokens == 1 || (tokens <= GEMV_TOKENS && !need_k && !any_q8_0);
+#else
+    const int straight = 0;
+#endif
+    const int64_t rows_per = straight ? GEMV_ROWS : UNIT * PANEL;
+    int64_t units = 0;
+    for (int p = 0; p < parts; p++) units += (rows[p] + rows_per - 1) / rows_per;
     if (tokens < 0) return -1;
     if (tokens == 0) return 0;
     Acts k_acts = {0}, acts32 = {0};
@@ -1723,11 +1793,11 @@ int axon_q8_matmul_parts(int parts, const int *types, const uint8_t *const *ws,
     /* Many tokens go over the rows in passes of `chunk`, so that a pass's activations stay in
      * L2 while every unit's tiles sweep them (a 2048-token prefill swept 2 MB from L3 per 16
      * rows); each pass decodes the panels again, ~5 % of a 256-token pass. */
-    const int64_t chunk = tokens == 1 ? 1 : (CHUNK_BYTES / cols > 256 ? CHUNK_BYTES / cols : 256) / TILE * TILE;
+    const int64_t chunk = straight ? tokens : (CHUNK_BYTES / cols > 256 ? CHUNK_BYTES / cols : 256) / TILE * TILE;
     /* A thread's next unit is the adjacent one (its share's front): decoding a panel prefetches
      * the rows AHEAD_UNITS units on. */
     const Call call = {types, ws, rows, cols, tokens, ldy, UNIT * PANEL * AHEAD_UNITS,
-                       units, chunk, &k_acts, &acts32, y};
+                       units, chunk, straight, &k_acts, &acts32, y};
     if (tokens > 1) units *= (tokens + chunk - 1) / chunk;
     /* A memory stream: each thread walks one contiguous share of the units (handed out in turn
      * they would break the prefetcher's streams every 32 rows at one token) and steals from the

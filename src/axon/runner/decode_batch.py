@@ -1,11 +1,15 @@
 """The inputs of a decode-only step, built with a few numpy operations and no torch ones.
 
 A decode computes one token per sequence, so its inputs are a few integers per sequence plus
-the key slots of its context. The general path (`ModelRunner.prepare`) builds them with a torch
-operation per list, ~10 small tensors a step, each costing far more than its data right after a
-forward has evicted the caches. Here the integers go into numpy arrays that tensors view without
-a copy: on one CPU rank persistent ones (`HostBuffers`), elsewhere fresh ones, copied once to an
-accelerator.
+the key slots of its context. A decode with drafts to verify (speculative decoding) is one such
+row per token, each attending to the keys up to its own position: the step stays decode-only, so
+it runs the C decode layers (layers/fused_decode.py) that a prefill chunk would leave, whose
+Python around 30 small layers cost more than a verify row's compute.
+
+The general path (`ModelRunner.prepare`) builds them with a torch operation per list, ~10 small
+tensors a step, each costing far more than its data right after a forward has evicted the
+caches. Here the integers go into numpy arrays that tensors view without a copy: on one CPU rank
+persistent ones (`HostBuffers`), elsewhere fresh ones, copied once to an accelerator.
 """
 
 from __future__ import annotations
@@ -23,23 +27,29 @@ from axon.sequence import Sequence
 
 @dataclass
 class DecodeInputs:
-    """One decode-only step's tensors; row i is the i-th scheduled sequence, which samples."""
+    """One decode-only step's tensors; the scheduled sequences' rows in order, each sampled:
+    one a sequence, 1 + drafts for a sequence that verifies drafts."""
 
     input_ids: torch.Tensor  # [B]
     positions: torch.Tensor  # [B]
     attn: AttentionMetadata  # decodes only: slot mapping, key slots [B, C], context lengths
     rows: torch.Tensor  # [B] arange: the decode rows, and the rows whose logits are sampled
+    seqs: list[Sequence]  # [B] each row's sequence
+    offsets: list[int] | None = None  # [B] each row's output position past the next, if drafted
 
 
 def is_decode_only(out: SchedulerOutput) -> bool:
     """Whether every scheduled sequence computes just its last token (a decode, or a prompt's
-    final token past any image), after at least one computed token, with no state snapshot
-    due this step: the steps `decode_inputs` builds."""
+    final token past any image) and the drafts it verifies, after at least one computed token,
+    with no state snapshot due this step: the steps `decode_inputs` builds. Drafts only where
+    the sequence has no recurrent state (a GDN layer's verify rows chain their states)."""
     if out.state_saves:
         return False
     for seq, num_new in out.scheduled:
         start = seq.num_computed_tokens
-        if num_new != 1 or start == 0 or seq.num_tokens - start != 1:
+        if start == 0 or seq.num_tokens - start != 1:
+            return False
+        if num_new != 1 and (num_new != 1 + len(seq.spec_token_ids) or seq.state_slot is not None):
             return False
         if seq.images is not None and start < seq.num_prompt_tokens:
             return False
@@ -58,11 +68,16 @@ def decode_inputs(
     The same values as the general path's: a row's key slots cover its block table's first
     ceil(C / block_size) blocks, block 0 standing in past the table's end.
     """
-    seqs = [seq for seq, _ in out.scheduled]
-    columns = _columns(seqs, block_size)
+    seqs = [seq for seq, num_new in out.scheduled for _ in range(num_new)]
+    drafted = len(seqs) > len(out.scheduled)
+    columns = _columns(out.scheduled, block_size)
     width = max(columns[3])
     if host is not None:
-        key_slots = torch.from_numpy(host.key_slots(seqs, width, block_size))  # [B, C]
+        # Not the kept key slots when drafted: they assume a table only grows, and a rejected
+        # draft's block is given back (BlockManager.trim) and may come back another one.
+        keep = not drafted
+        keys = (host.key_slots if keep else _key_slots)(seqs, width, block_size)
+        key_slots = torch.from_numpy(keys)  # [B, C]
         values = host.tensors(columns)
     else:
         key_slots = torch.from_numpy(_key_slots(seqs, width, block_size))  # [B, C]
@@ -79,22 +94,26 @@ def decode_inputs(
         decode_context_lens=values[3],
         decode_state_slots=values[4] if len(values) > 4 else None,
     )
-    return DecodeInputs(values[0], values[1], attn, rows)
+    offsets = [i for _, num_new in out.scheduled for i in range(num_new)] if drafted else None
+    return DecodeInputs(values[0], values[1], attn, rows, seqs, offsets)
 
 
-def _columns(seqs: list[Sequence], block_size: int) -> list[list[int]]:
-    """Return [input ids, positions, cache slots, context lengths(, state slots)], [B] each."""
+def _columns(scheduled: list[tuple[Sequence, int]], block_size: int) -> list[list[int]]:
+    """Return [input ids, positions, cache slots, context lengths(, state slots)], [B] each:
+    a row per scheduled token (a decode's, then its drafts')."""
     columns = [[], [], [], []]
-    for seq in seqs:
+    for seq, num_new in scheduled:
         start = seq.num_computed_tokens
-        block, offset = divmod(start, block_size)
         delta = seq.images.mrope_delta if seq.images is not None else 0
-        columns[0].append(seq.token_ids[start])
-        columns[1].append(start + delta)
-        columns[2].append(seq.block_table[block] * block_size + offset)
-        columns[3].append(start + 1)
-    if seqs[0].state_slot is not None:
-        columns.append([seq.state_slot for seq in seqs])
+        tokens = seq.scheduled_token_ids(start, start + num_new) if num_new > 1 else None
+        for position in range(start, start + num_new):
+            block, offset = divmod(position, block_size)
+            columns[0].append(seq.token_ids[start] if tokens is None else tokens[position - start])
+            columns[1].append(position + delta)
+            columns[2].append(seq.block_table[block] * block_size + offset)
+            columns[3].append(position + 1)
+    if scheduled[0][0].state_slot is not None:  # decodes only (is_decode_only)
+        columns.append([seq.state_slot for seq, _ in scheduled])
     return columns
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -83,6 +84,7 @@ class ModelRunner:
         self.hidden_sink = None
         self.vocab_size = self.text_config.vocab_size
         self.thread_tuner = adaptive_threads.for_engine(config, self.device)  # None: fixed count
+        self.forward_seconds = 0.0  # the latest forward_logits call's wall time
         # Decode inputs reused step to step: one CPU rank only (see HostBuffers).
         single_cpu = self.device.type == "cpu" and self.workers is None
         self._decode_host = decode_batch.HostBuffers() if single_cpu else None
@@ -266,9 +268,10 @@ class ModelRunner:
             inputs.positions,
             inputs.attn,
             inputs.rows,
-            [seq for seq, _ in out.scheduled],
+            inputs.seqs,
             [(base + index, slot) for slot, index in out.state_restores],
             samples_every_row=True,
+            sample_offsets=inputs.offsets,
         )
 
     # ---- images -----------------------------------------------------------------------------
@@ -344,13 +347,18 @@ class ModelRunner:
 
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
         """Logits [B, V] (float32) for the rows that sample; with several ranks, every rank
-        runs the step (rank 0 sends it the batch) and rank 0's logits are returned."""
+        runs the step (rank 0 sends it the batch) and rank 0's logits are returned. Its wall
+        time goes to `forward_seconds` (speculative decoding measures a row's cost)."""
+        started = time.perf_counter()
         if self.workers is not None:
-            return tensor_parallel.run_step(self, batch)
-        if self.thread_tuner is None:
-            return self.run_forward(batch)
-        with self.thread_tuner.step(int(batch.input_ids.shape[0])):  # picks and times the count
-            return self.run_forward(batch)
+            logits = tensor_parallel.run_step(self, batch)
+        elif self.thread_tuner is None:
+            logits = self.run_forward(batch)
+        else:
+            with self.thread_tuner.step(int(batch.input_ids.shape[0])):  # picks, times the count
+                logits = self.run_forward(batch)
+        self.forward_seconds = time.perf_counter() - started
+        return logits
 
     @torch.inference_mode()
     def run_forward(self, batch: StepBatch) -> torch.Tensor:
