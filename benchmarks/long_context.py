@@ -2,11 +2,11 @@
 same GGUF file with the same KV cache type, in one run (issue 35 point 2).
 
 Rows, for each --lengths N (tokens):
-- prefill: tokens/s of one fresh N-token prompt (N / TTFT: one request alone, 2 output tokens);
-- decode at N, batch 1: 1 / ITL p50 of --output-len tokens generated after a fresh N-token prompt;
-- decode at N, 4 streams: 4 fresh N-token prompts sent at once; the ITLs of the tokens that
-  arrive after every stream's first token (all four decoding, no prefill in the step), streams /
-  their median.
+- prefill: tokens/s of one fresh N-token prompt alone (N / TTFT);
+- decode at N, batch 1: 1 / ITL p50 of the --output-len tokens that request then generates;
+- decode at N, 4 streams (--streams; lengths in --stream-lengths): 4 fresh N-token prompts sent
+  at once; the ITLs of the tokens that arrive after every stream's first token (all four
+  decoding, no prefill in the step), streams / their median.
 Every prompt is fresh random text (words through axon's /tokenize, token ids sent to every
 server), so no prefix or prompt cache reuses anything; axon also runs with its prefix cache off.
 
@@ -165,38 +165,49 @@ def send(url: str, name: str, prompts: list[list[int]], output_len: int) -> list
     return results
 
 
-def measure_row(kind: str, url: str, name: str, prompts: list[list[int]], output_len: int):
-    """tokens/s of one row (kind: prefill, decode, decode4)."""
-    if kind == "prefill":
-        (r,) = send(url, name, prompts, 2)
-        return len(prompts[0]) / r.ttft
+def measure(url: str, name: str, prompts: list[list[int]], output_len: int) -> dict:
+    """{row kind: tokens/s}: one prompt -> prefill (N / TTFT) and batch-1 decode (1 / ITL p50);
+    several at once -> their decode while all decode (streams / the ITL p50 of those steps)."""
     results = send(url, name, prompts, output_len)
-    if kind == "decode":
-        return 1.0 / statistics.median(results[0].itl)
+    if len(prompts) == 1:
+        (r,) = results
+        return {"prefill": len(prompts[0]) / r.ttft, "decode": 1.0 / statistics.median(r.itl)}
     gaps = all_decoding_itls(results)
-    return len(results) / statistics.median(gaps) if gaps else None
+    return {"streams": len(results) / statistics.median(gaps) if gaps else None}
+
+
+def row_labels(n: int, streams: int) -> dict:
+    return {
+        "prefill": f"prefill {n}",
+        "decode": f"decode at {n}, batch 1",
+        "streams": f"decode at {n}, {streams} streams",
+    }
 
 
 def run_rows(servers: dict, source, lengths: list[int], args) -> dict:
-    """{label: {engine: tok/s}}; each engine its own fresh prompts."""
-    kinds = [("prefill", 1, "prefill {n}")]
-    kinds += [("decode", 1, "decode at {n}, batch 1")]
-    if args.streams > 1:
-        kinds += [("decode4", args.streams, "decode at {n}, " + f"{args.streams} streams")]
+    """{label: {engine: tok/s}}; every request its own fresh prompt; each measurement runs the
+    engines in turn, the first one rotating."""
     rows, seed, engines = {}, 0, list(servers)
     for n in lengths:
-        for kind, count, label in kinds:
-            values = rows.setdefault(label.format(n=n), {})
+        labels = row_labels(n, args.streams)
+        counts = [1] + ([args.streams] if args.streams > 1 and n in args.stream_lengths else [])
+        for count in counts:
             for engine in engines:
                 seed += 1
-                prompts = source(count, n, seed)
-                _, url = servers[engine]
-                values[engine] = measure_row(kind, url, engine, prompts, args.output_len)
-                print(
-                    f"  {label.format(n=n)}: {engine} {values[engine] or 0:,.1f} tok/s", flush=True
+                values = measure(
+                    servers[engine][1], engine, source(count, n, seed), args.output_len
                 )
-            engines = engines[1:] + engines[:1]  # the next row starts with the next engine
+                for kind, value in values.items():
+                    rows.setdefault(labels[kind], {})[engine] = value
+                    print(f"  {labels[kind]}: {engine} {value or 0:,.1f} tok/s", flush=True)
+            engines = engines[1:] + engines[:1]
     return rows
+
+
+def warm_up(servers: dict, source, args) -> None:
+    """One short request each: first-request costs (allocation, repacking) stay out of the rows."""
+    for engine, (_, url) in servers.items():
+        send(url, engine, source(1, 256, 10_000), 4)
 
 
 def trained_context(model: Path) -> int | None:
@@ -246,6 +257,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--streams", type=int, default=4, help="the batched decode rows' streams (1: none)"
     )
+    p.add_argument(
+        "--stream-lengths",
+        type=int,
+        nargs="*",
+        help="the lengths with a batched decode row (default: all; each costs streams x N "
+        "tokens of prefill per engine)",
+    )
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--activation-precision", default="auto")
@@ -258,6 +276,8 @@ def main(argv=None) -> int:
     model = model_path(args.model)
     lengths, notes = usable_lengths(sorted(args.lengths), trained_context(model))
     args.ctx_per_slot = max(lengths) + args.output_len + 64
+    if args.stream_lengths is None:
+        args.stream_lengths = lengths
     print(f"CPU: {cpu_name()}, {args.threads} threads; load average {os.getloadavg()[0]:.1f}")
     print(f"{model.name}, cache {args.cache_type}, lengths {lengths}", *notes, sep="\n", flush=True)
     binaries = build_peers(args.peers)
@@ -266,7 +286,9 @@ def main(argv=None) -> int:
     servers = start_servers(model, binaries, args, log_dir)
     started = time.perf_counter()
     try:
-        rows = run_rows(servers, make_prompt_source(servers["axon"][1], model), lengths, args)
+        source = make_prompt_source(servers["axon"][1], model)
+        warm_up(servers, source, args)
+        rows = run_rows(servers, source, lengths, args)
     finally:
         for process, _ in servers.values():
             process.stop(grace_s=20)
