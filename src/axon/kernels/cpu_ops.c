@@ -658,9 +658,9 @@ static void unit_attention(Unit *u, float *queries, float scale, float softcap, 
  * sharing it, a block of positions' KV heads side by side in the cache read in turn. A context
  * longer than decode_split positions is split in parts of it (flash decoding): each part's
  * output, maximum and total are combined after, so one long sequence spreads over the threads
- * with every row still read once. With fewer than two parts a thread, a unit is a part of the
- * KV heads; with fewer KV heads than threads, a part of one KV head's query heads (gemma-3-270m
- * has one KV head), at the price of reading its rows once per part. */
+ * with every row still read once. With fewer than two sequences a thread, a unit is also a part
+ * of the KV heads; with fewer parts and KV heads than threads, a part of one KV head's query
+ * heads (gemma-3-270m has one KV head), at the price of reading its rows once per part. */
 int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
                                 const void *v_cache, const int64_t *slots, int64_t width,
                                 const int64_t *lens, int64_t batch, int64_t heads,
@@ -677,8 +677,9 @@ int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache
     }
     const int64_t parts = first[batch];
     int64_t kv_parts = 1, head_parts = 1;
-    /* two units a thread at least, for balance: a context's KV heads split at no extra reads */
-    while (kv_parts < kv_heads && parts * kv_parts < 2 * threads) kv_parts++;
+    /* two units a thread at least, for balance: a sequence's KV heads split at no extra reads
+     * (by the batch, not the parts: a part of all the KV heads stages more rows than L1 holds) */
+    while (kv_parts < kv_heads && batch * kv_parts < 2 * threads) kv_parts++;
     const int64_t kvs = (kv_heads + kv_parts - 1) / kv_parts;
     kv_parts = (kv_heads + kvs - 1) / kvs;
     while (kvs == 1 && head_parts < group && parts * kv_parts * head_parts < threads)
