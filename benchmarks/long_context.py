@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
 import sys
 import time
@@ -273,6 +274,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # a SIGTERM (timeout, ^C of a wrapper) unwinds through the finally that stops the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model = model_path(args.model)
     lengths, notes = usable_lengths(sorted(args.lengths), trained_context(model))
     args.ctx_per_slot = max(lengths) + args.output_len + 64
