@@ -14,10 +14,10 @@ Servers (all up for the whole run, each row measured on one engine after the oth
 rotated each row, so a busy neighbour slows them alike), --threads threads each, --streams slots
 of max(lengths) + output + 64 tokens: axon `--kv-cache-dtype float16|q8_0`; llama-server as
 benchmarks/llama_server.py starts it, plus `-ctk/-ctv q8_0 -fa on` for --cache-type q8_0 (its
-quantized V cache needs flash attention; its f16 cache runs with flash attention `auto`, on for
-the CPU); ik_llama.cpp with `-rtr`, `-no-fa` above one slot (benchmarks/ik_llama.py) and
-`-ctk/-ctv q8_0` for q8_0, with flash attention then (its q8_0 V cache needs it: at 4 slots it
-runs with it where the f16 run does not).
+quantized V cache needs flash attention; the f16 run keeps its default, `-fa auto`);
+ik_llama.cpp with `-rtr`, `-no-fa` above one slot (benchmarks/ik_llama.py) and
+`-ctk/-ctv q8_0 -fa on` for q8_0 (its q8_0 V cache needs flash attention: at 4 slots the q8_0
+run has it where the f16 run does not).
 
 Files: the demo gemma-3-270m (32k context; 15 of its 18 layers slide over 512 tokens) by
 default, `--model chat-demo` for SmolLM2-135M (trained context 8,192: lengths above it are left
@@ -51,7 +51,6 @@ from llama_server import CACHE, wait_ready  # noqa: E402
 from peers import PEERS, build_peers  # noqa: E402
 from serve_vs_llama_server import axon_command, free_port, make_prompt_source  # noqa: E402
 
-IK = "ik_llama.cpp"
 AXON_CACHE = {"f16": "float16", "q8_0": "q8_0"}
 NAMED_FILES = ("demo", "chat-demo", "qwen3-q8_0", "qwen3-q4_k_m")
 
@@ -116,8 +115,13 @@ def peer_command(peer: str, binary: Path, model: Path, port: int, args) -> list[
     )
     if args.cache_type == "q8_0":  # a quantized V cache needs flash attention in both
         command = [c for c in command if c != "-no-fa"] + ["-ctk", "q8_0", "-ctv", "q8_0"]
-        command += ["-fa"] if peer == IK else ["-fa", "on"]  # ik's is an older on-only flag
+        command += ["-fa", "on"]
     return command
+
+
+def stop_servers(servers: dict) -> None:
+    for process, _ in servers.values():
+        process.stop(grace_s=20)
 
 
 def start_servers(model: Path, binaries: dict[str, Path], args, log_dir: Path) -> dict:
@@ -137,16 +141,20 @@ def start_servers(model: Path, binaries: dict[str, Path], args, log_dir: Path) -
     for peer, binary in binaries.items():
         commands[peer] = peer_command(peer, binary, model, ports[peer], args)
     servers = {}
-    for engine, command in commands.items():
-        start = time.perf_counter()
-        process = ServerProcess(command, env, log_dir / f"{model.stem}-{engine}-long.log")
-        url = f"http://127.0.0.1:{ports[engine]}"
-        servers[engine] = (process, url)
-        if engine == "axon":
-            wait_until_listed(url, "axon", {}, args.start_timeout, process)
-        else:
-            wait_ready(url + "/health", process.process, args.start_timeout)
-        print(f"  {engine} ready in {time.perf_counter() - start:.1f} s", flush=True)
+    try:
+        for engine, command in commands.items():
+            start = time.perf_counter()
+            process = ServerProcess(command, env, log_dir / f"{model.stem}-{engine}-long.log")
+            url = f"http://127.0.0.1:{ports[engine]}"
+            servers[engine] = (process, url)
+            if engine == "axon":
+                wait_until_listed(url, "axon", {}, args.start_timeout, process)
+            else:
+                wait_ready(url + "/health", process.process, args.start_timeout)
+            print(f"  {engine} ready in {time.perf_counter() - start:.1f} s", flush=True)
+    except BaseException:
+        stop_servers(servers)
+        raise
     return servers
 
 
@@ -293,8 +301,7 @@ def main(argv=None) -> int:
         warm_up(servers, source, args)
         rows = run_rows(servers, source, lengths, args)
     finally:
-        for process, _ in servers.values():
-            process.stop(grace_s=20)
+        stop_servers(servers)
     print(
         f"\n{model.name}, cache {args.cache_type}, {time.perf_counter() - started:.0f} s, "
         f"load average {os.getloadavg()[0]:.1f}"
