@@ -193,24 +193,33 @@ def row_labels(n: int, streams: int) -> dict:
     }
 
 
-def run_rows(servers: dict, source, lengths: list[int], args) -> dict:
-    """{label: {engine: tok/s}}; every request its own fresh prompt; each measurement runs the
-    engines in turn, the first one rotating."""
-    rows, seed, engines = {}, 0, list(servers)
+def run_rows(servers: dict, source, lengths: list[int], args) -> tuple[dict, list[str]]:
+    """({label: {engine: tok/s}}, notes); every request its own fresh prompt; each measurement
+    runs the engines in turn, the first one rotating. A peer whose request fails (ik_llama.cpp's
+    flash attention asserts on some shapes) is left out of the later rows, with a note."""
+    rows, notes, seed, engines = {}, [], 0, list(servers)
     for n in lengths:
         labels = row_labels(n, args.streams)
         counts = [1] + ([args.streams] if args.streams > 1 and n in args.stream_lengths else [])
         for count in counts:
-            for engine in engines:
+            for engine in list(engines):
                 seed += 1
-                values = measure(
-                    servers[engine][1], engine, source(count, n, seed), args.output_len
-                )
+                try:
+                    values = measure(
+                        servers[engine][1], engine, source(count, n, seed), args.output_len
+                    )
+                except RuntimeError as exc:
+                    if engine == "axon":
+                        raise
+                    notes.append(f"{engine} left out from {n} tokens x {count}: {exc}")
+                    print(f"  {notes[-1]}", flush=True)
+                    engines.remove(engine)
+                    continue
                 for kind, value in values.items():
                     rows.setdefault(labels[kind], {})[engine] = value
                     print(f"  {labels[kind]}: {engine} {value or 0:,.1f} tok/s", flush=True)
             engines = engines[1:] + engines[:1]
-    return rows
+    return rows, notes
 
 
 def warm_up(servers: dict, source, args) -> None:
@@ -299,14 +308,14 @@ def main(argv=None) -> int:
     try:
         source = make_prompt_source(servers["axon"][1], model)
         warm_up(servers, source, args)
-        rows = run_rows(servers, source, lengths, args)
+        rows, failures = run_rows(servers, source, lengths, args)
     finally:
         stop_servers(servers)
     print(
         f"\n{model.name}, cache {args.cache_type}, {time.perf_counter() - started:.0f} s, "
         f"load average {os.getloadavg()[0]:.1f}"
     )
-    print(format_table(rows, list(servers)))
+    print(format_table(rows, list(servers)), *notes, *failures, sep="\n")
     return 0
 
 
