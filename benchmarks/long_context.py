@@ -294,10 +294,16 @@ def main(argv=None) -> int:
     # a SIGTERM (timeout, ^C of a wrapper) unwinds through the finally that stops the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model = model_path(args.model)
-    lengths, notes = usable_lengths(sorted(args.lengths), trained_context(model))
+    trained = trained_context(model)
+    lengths, notes = usable_lengths(sorted(args.lengths), trained)
     args.ctx_per_slot = max(lengths) + args.output_len + 64
+    # a length of the whole trained context: its prompt is that less the output
+    if trained is not None and args.ctx_per_slot > trained:
+        lengths = [min(n, trained - args.output_len) for n in lengths]
+        args.ctx_per_slot = trained
     if args.stream_lengths is None:
         args.stream_lengths = lengths
+    args.stream_lengths = [min(n, args.ctx_per_slot - args.output_len) for n in args.stream_lengths]
     print(f"CPU: {cpu_name()}, {args.threads} threads; load average {os.getloadavg()[0]:.1f}")
     print(f"{model.name}, cache {args.cache_type}, lengths {lengths}", *notes, sep="\n", flush=True)
     binaries = build_peers(args.peers)
