@@ -193,11 +193,12 @@ def row_labels(n: int, streams: int) -> dict:
     }
 
 
-def run_rows(servers: dict, source, lengths: list[int], args) -> tuple[dict, list[str]]:
-    """({label: {engine: tok/s}}, notes); every request its own fresh prompt; each measurement
-    runs the engines in turn, the first one rotating. A peer whose request fails (ik_llama.cpp's
-    flash attention asserts on some shapes) is left out of the later rows, with a note."""
-    rows, notes, seed, engines = {}, [], 0, list(servers)
+def run_rows(servers: dict, source, lengths: list[int], args, rows: dict, notes: list) -> None:
+    """Fills rows {label: {engine: tok/s}} (kept as far as they got if the run is cut) and
+    notes; every request its own fresh prompt; each measurement runs the engines in turn, the
+    first one rotating. A peer whose request fails (ik_llama.cpp's flash attention asserts on
+    some shapes) is left out of the later rows, with a note."""
+    seed, engines = 0, list(servers)
     for n in lengths:
         labels = row_labels(n, args.streams)
         counts = [1] + ([args.streams] if args.streams > 1 and n in args.stream_lengths else [])
@@ -219,7 +220,6 @@ def run_rows(servers: dict, source, lengths: list[int], args) -> tuple[dict, lis
                     rows.setdefault(labels[kind], {})[engine] = value
                     print(f"  {labels[kind]}: {engine} {value or 0:,.1f} tok/s", flush=True)
             engines = engines[1:] + engines[:1]
-    return rows, notes
 
 
 def warm_up(servers: dict, source, args) -> None:
@@ -310,11 +310,13 @@ def main(argv=None) -> int:
     log_dir = CACHE / "long-context-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     servers = start_servers(model, binaries, args, log_dir)
-    started = time.perf_counter()
+    started, rows, failures = time.perf_counter(), {}, []
     try:
         source = make_prompt_source(servers["axon"][1], model)
         warm_up(servers, source, args)
-        rows, failures = run_rows(servers, source, lengths, args)
+        run_rows(servers, source, lengths, args, rows, failures)
+    except SystemExit:
+        failures.append("cut short (SIGTERM): the rows so far")
     finally:
         stop_servers(servers)
     print(
