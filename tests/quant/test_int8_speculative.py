@@ -12,7 +12,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from axon import LLM, SamplingParams
-from axon.kernels import ggml_cpu
+from axon.kernels import cpu_ops, ggml_cpu
 from model.tiny_models import random_prompts
 from quant.gguf_files import build_gguf_model, write_gguf
 
@@ -64,6 +64,20 @@ def _step_logits(llm: LLM, prompt: list[int]) -> list[tuple[int, torch.Tensor]]:
 
 
 def test_a_verify_row_equals_the_decode_row_to_the_bit(qwen3_q4_k):
+    _check_verify_rows_equal_decode_rows(qwen3_q4_k)
+
+
+def test_a_verify_row_equals_the_decode_row_with_the_context_split(qwen3_q4_k):
+    """Decode attention split in parts of 8 positions (cpu_ops.c's decode_split): contexts of
+    6-35 positions cross parts, and the parts depend on a row's context alone."""
+    previous = cpu_ops.set_decode_split(8)
+    try:
+        _check_verify_rows_equal_decode_rows(qwen3_q4_k)
+    finally:
+        cpu_ops.set_decode_split(previous)
+
+
+def _check_verify_rows_equal_decode_rows(qwen3_q4_k: str) -> None:
     base = LLM(model=qwen3_q4_k, **ENGINE_ARGS)
     spec = LLM(model=qwen3_q4_k, **ENGINE_ARGS, speculative_config=NGRAM)
     assert base.engine.runner.kv_cache.dtype == torch.float16

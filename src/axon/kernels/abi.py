@@ -103,6 +103,7 @@ SIGNATURES: dict[str, tuple[type | None, list]] = {
     "axon_rotary": (None, [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr]),
     "axon_rotary_angles": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr]),
     "axon_rotary_table": (None, [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr]),
+    "axon_decode_split": (_i64, [_i64]),
     "axon_paged_decode_attention": (
         _int,
         [

@@ -94,6 +94,7 @@ void axon_rotary_angles(const int64_t *positions, int64_t tokens, const float *i
                         int64_t half, float *cos_table, float *sin_table);
 void axon_rotary_table(float *x, int64_t ldx, int64_t tokens, int64_t heads, int64_t head_dim,
                        int64_t rotary_dim, const float *cos_table, const float *sin_table);
+int64_t axon_decode_split(int64_t positions);
 int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
                                 const void *v_cache, const int64_t *slots, int64_t width,
                                 const int64_t *lens, int64_t batch, int64_t heads,

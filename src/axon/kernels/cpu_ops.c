@@ -474,8 +474,9 @@ static void unit_scores_of_q8(Unit *u, float *queries, float scale, float softca
     unit_scores(u, scale, softcap, scores, width);
 }
 
-/* scores[start, len) <- their softmax, in place. */
-static void softmax_row(float *scores, int64_t start, int64_t len) {
+/* scores[start, len) <- exp(score - their maximum), in place; returns the maximum, *total the
+ * sum of the exponentials. */
+static float exp_row(float *scores, int64_t start, int64_t len, float *total) {
     f32x8 top8 = (f32x8){0} - INFINITY;
     int64_t p = start;
     for (; p + 8 <= len; p += 8) {
@@ -497,8 +498,16 @@ static void softmax_row(float *scores, int64_t start, int64_t len) {
         for (int64_t t = p; t < len; t++) scores[t] = e[t - p];
         total8 += e;
     }
-    const float norm = 1.0f / sum_lanes8(total8);
-    for (p = start; p < len; p++) scores[p] *= norm;
+    *total = sum_lanes8(total8);
+    return top;
+}
+
+/* scores[start, len) <- their softmax, in place. */
+static void softmax_row(float *scores, int64_t start, int64_t len) {
+    float total;
+    exp_row(scores, start, len, &total);
+    const float norm = 1.0f / total;
+    for (int64_t p = start; p < len; p++) scores[p] *= norm;
 }
 
 /* out_h[i0, i0 + 8 TILE) += sum over the block's n positions of w_h[p] * v_p, for HEADS heads:
@@ -562,8 +571,78 @@ static void unit_values(const Unit *u, const float *weights, int64_t width, floa
     }
 }
 
+/* Positions of a part of a context longer than it (axon_decode_split): a fixed number, so a
+ * sequence's parts, and so its result to the bit, depend on its context alone, never on the
+ * batch or the threads (a speculative verify row equals the decode row of its position). */
+static int64_t decode_split = 1024;
+
+/* Sets the positions of a decode context part (> 0; the tests cross parts at a few hundred
+ * positions); returns the previous setting. */
+int64_t axon_decode_split(int64_t positions) {
+    const int64_t previous = decode_split;
+    if (positions > 0) decode_split = positions;
+    return previous;
+}
+
+/* The context [start, len)'s parts: one up to decode_split positions (and for an empty one). */
+static inline int64_t context_parts(int64_t start, int64_t len) {
+    return len - start <= decode_split ? 1 : (len - start + decode_split - 1) / decode_split;
+}
+
+/* The sequence whose parts hold part `part` (first[b] <= part < first[b + 1]). */
+static int64_t sequence_of(const int64_t *first, int64_t batch, int64_t part) {
+    int64_t lo = 0, hi = batch - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (first[mid] <= part) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* out [D] = the parts' outputs (each unnormalized, as their own maximum's exponentials
+ * weighed them) rescaled to the largest maximum, over the sum of their rescaled totals.
+ * A part's block: its heads' outputs [heads, D], then their maxima [heads], then totals. */
+static void combine_parts(const float *blocks, int64_t parts, int64_t heads, int64_t h,
+                          int64_t D, float *out) {
+    const int64_t block = heads * (D + 2);
+    float top = -INFINITY, total = 0.0f;
+    for (int64_t p = 0; p < parts; p++) {
+        const float m = blocks[p * block + heads * D + h];
+        top = m > top ? m : top;
+    }
+    memset(out, 0, D * sizeof(float));
+    for (int64_t p = 0; p < parts; p++) {
+        const float *at = blocks + p * block;
+        const float c = expf(at[heads * D + h] - top);
+        total += c * at[heads * D + heads + h];
+        for (int64_t i = 0; i < D; i++) out[i] += c * at[h * D + i];
+    }
+    const float norm = 1.0f / total;
+    for (int64_t i = 0; i < D; i++) out[i] *= norm;
+}
+
+/* One unit's attention over its positions [u->start, u->len): normalized into `o` when they are
+ * the whole context, else unnormalized into its part's block (with its heads' maxima and totals
+ * at `stats`, `heads` floats apart). */
+static void unit_attention(Unit *u, float *queries, float scale, float softcap, float *scores,
+                           int64_t width, float *o, float *stats, int64_t heads) {
+    if (u->kv_type == KV_Q8)
+        unit_scores_of_q8(u, queries, scale, softcap, scores, width);
+    else
+        unit_scores(u, scale, softcap, scores, width);
+    for (int64_t h = 0; h < u->kvs * u->group; h++) {
+        if (!stats) {
+            softmax_row(scores + h * width, u->start, u->len);
+            continue;
+        }
+        stats[h] = exp_row(scores + h * width, u->start, u->len, &stats[heads + h]);
+    }
+    unit_values(u, scores, width, o);
+}
+
 /* One decode query per sequence over its cached keys, read in place from the paged cache.
- * Returns 0, or -2 when a float16 or q8_0 cache's staging rows cannot be allocated.
+ * Returns 0, or -2 when scratch (staging rows, a split context's parts) cannot be allocated.
  *   q        [batch, heads, head_dim], rows ldq floats apart; query head h reads KV head
  *            h / (heads / kv_heads)
  *   k/v      [slots, kv_heads, head_dim] caches
@@ -574,72 +653,94 @@ static void unit_values(const Unit *u, const float *weights, int64_t width, floa
  *   kv_type  the caches' element type (KV_F32, KV_F16, KV_Q8)
  * `scratch` holds threads * heads * width floats of scores.
  *
- * Each unit of work is a sequence, two passes over its cache (scores, then their softmax's sum
- * of values) that read each key and value row once for the query heads sharing it, a block of
- * positions' KV heads side by side in the cache read in turn. With fewer than two sequences a
- * thread, a unit is a part of a sequence's KV heads; with fewer KV heads than threads, a part of
- * one KV head's query heads (gemma-3-270m has one KV head), at the price of reading its rows once
- * per part. */
+ * Each unit of work is a part of a sequence's context, two passes over its cache (scores, then
+ * their softmax's sum of values) that read each key and value row once for the query heads
+ * sharing it, a block of positions' KV heads side by side in the cache read in turn. A context
+ * longer than decode_split positions is split in parts of it (flash decoding): each part's
+ * output, maximum and total are combined after, so one long sequence spreads over the threads
+ * with every row still read once. With fewer than two sequences a thread, a unit is also a part
+ * of the KV heads; with fewer parts and KV heads than threads, a part of one KV head's query
+ * heads (gemma-3-270m has one KV head), at the price of reading its rows once per part. */
 int axon_paged_decode_attention(const float *q, int64_t ldq, const void *k_cache,
                                 const void *v_cache, const int64_t *slots, int64_t width,
                                 const int64_t *lens, int64_t batch, int64_t heads,
                                 int64_t kv_heads, int64_t head_dim, float scale, float softcap,
                                 int64_t window, float *out, float *scratch, int threads,
                                 int kv_type) {
-    int64_t kv_parts = 1, head_parts = 1, group = heads / kv_heads;
-    /* two units a thread at least, for balance: a sequence's KV heads split at no extra reads */
+    const int64_t group = heads / kv_heads, D = head_dim;
+    int64_t *first = malloc((batch + 1) * sizeof(int64_t)); /* each sequence's first part */
+    if (!first) return -2;
+    first[0] = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
+        first[b + 1] = first[b] + context_parts(start, len);
+    }
+    const int64_t parts = first[batch];
+    int64_t kv_parts = 1, head_parts = 1;
+    /* two units a thread at least, for balance: a sequence's KV heads split at no extra reads
+     * (by the batch, not the parts: a part of all the KV heads stages more rows than L1 holds) */
     while (kv_parts < kv_heads && batch * kv_parts < 2 * threads) kv_parts++;
     const int64_t kvs = (kv_heads + kv_parts - 1) / kv_parts;
     kv_parts = (kv_heads + kvs - 1) / kvs;
-    while (kvs == 1 && head_parts < group && batch * kv_parts * head_parts < threads)
+    while (kvs == 1 && head_parts < group && parts * kv_parts * head_parts < threads)
         head_parts++;
     const int64_t part_heads = (group + head_parts - 1) / head_parts;
     head_parts = (group + part_heads - 1) / part_heads;
-    const int64_t units = batch * kv_parts * head_parts;
-    const int64_t head_bytes = kv_head_bytes(kv_type, head_dim);
+    const int64_t units = parts * kv_parts * head_parts;
+    const int64_t head_bytes = kv_head_bytes(kv_type, D), block = heads * (D + 2);
+    float *blocks = parts > batch ? malloc(parts * block * sizeof(float)) : NULL;
     /* a q8_0 cache: the staging rows, then a unit's queries rounded to q8_0 */
     const int64_t queries = kv_type == KV_Q8 ? kvs * part_heads : 0;
-    const int64_t stage_floats = (ROWS * kvs + queries) * head_dim;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
+    const int64_t stage_floats = (ROWS * kvs + queries) * D;
+    int failed = parts > batch && !blocks;
+#pragma omp parallel num_threads(threads) if (threads > 1 && !failed) reduction(| : failed)
     {
         float *stage = kv_type ? malloc(stage_floats * sizeof(float)) : NULL;
-        failed = kv_type && !stage;
+        failed = (kv_type && !stage) || (parts > batch && !blocks);
 #pragma omp for schedule(dynamic)
         for (int64_t unit = 0; unit < units; unit++) {
-            if (kv_type && !stage) continue;
+            if (failed) continue;
 #ifdef _OPENMP
             float *scores = scratch + (int64_t)omp_get_thread_num() * heads * width;
 #else
             float *scores = scratch;
 #endif
-            const int64_t b = unit / (kv_parts * head_parts);
-            const int64_t kv0 = unit / head_parts % kv_parts * kvs, part = unit % head_parts;
-            const int64_t h0 = kv0 * group + part * part_heads;
+            const int64_t part = unit / (kv_parts * head_parts);
+            const int64_t b = sequence_of(first, batch, part), n = first[b + 1] - first[b];
+            const int64_t kv0 = unit / head_parts % kv_parts * kvs, hp = unit % head_parts;
+            const int64_t h0 = kv0 * group + hp * part_heads;
             const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
-            Unit u = {q + b * ldq + h0 * head_dim, (const char *)k_cache + kv0 * head_bytes,
+            const int64_t from = start + (part - first[b]) * decode_split;
+            Unit u = {q + b * ldq + h0 * D, (const char *)k_cache + kv0 * head_bytes,
                       (const char *)v_cache + kv0 * head_bytes, slots + b * width,
-                      kv_heads * head_bytes, start, len,
+                      kv_heads * head_bytes, from,
+                      n == 1 || from + decode_split > len ? len : from + decode_split,
                       kv0 + kvs <= kv_heads ? kvs : kv_heads - kv0,
-                      group - part * part_heads < part_heads ? group - part * part_heads
-                                                             : part_heads,
-                      head_dim, stage, kv_type};
-            float *o = out + (b * heads + h0) * head_dim;
+                      group - hp * part_heads < part_heads ? group - hp * part_heads : part_heads,
+                      D, stage, kv_type};
+            float *o = out + (b * heads + h0) * D;
             if (start >= len) {
-                memset(o, 0, u.kvs * u.group * head_dim * sizeof(float));
+                memset(o, 0, u.kvs * u.group * D * sizeof(float));
                 continue;
             }
-            if (kv_type == KV_Q8)
-                unit_scores_of_q8(&u, stage + ROWS * kvs * head_dim, scale, softcap, scores,
-                                  width);
-            else
-                unit_scores(&u, scale, softcap, scores, width);
-            for (int64_t h = 0; h < u.kvs * u.group; h++)
-                softmax_row(scores + h * width, start, len);
-            unit_values(&u, scores, width, o);
+            float *at = n > 1 ? blocks + part * block : NULL;
+            float *rounded = kv_type == KV_Q8 ? stage + ROWS * kvs * D : NULL;
+            unit_attention(&u, rounded, scale, softcap, scores, width,
+                           at ? at + h0 * D : o, at ? at + heads * D + h0 : NULL, heads);
+        }
+        if (blocks) { /* every thread or none reaches the loop (a failed unit: -2 anyway) */
+#pragma omp for schedule(static)
+            for (int64_t bh = 0; bh < batch * heads; bh++) {
+                const int64_t b = bh / heads, n = first[b + 1] - first[b];
+                if (n > 1)
+                    combine_parts(blocks + first[b] * block, n, heads, bh % heads, D,
+                                  out + bh * D);
+            }
         }
         free(stage);
     }
+    free(blocks);
+    free(first);
     return failed ? -2 : 0;
 }
 

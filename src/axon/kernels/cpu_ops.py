@@ -99,6 +99,13 @@ def rotary_table_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_
     return x
 
 
+def set_decode_split(positions: int) -> int:
+    """Decode attention splits a context longer than `positions` (1024 unless set) in parts of
+    it, spread over the threads and combined after; returns the previous setting. The tests set
+    a few dozen to cross parts on short contexts."""
+    return library().axon_decode_split(positions)
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [B, H, D]
     k_cache: torch.Tensor,  # [slots, Hkv, D] float32 or float16, or q8_0 [slots, Hkv, bytes]
