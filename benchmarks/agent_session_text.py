@@ -43,8 +43,8 @@ def prose(rng: random.Random, tokens: int) -> str:
 
 
 def tool_schemas(rng: random.Random, system_tokens: int) -> list[dict]:
-    """Ten function tools whose descriptions make up about 60% of the system prompt."""
-    each = int(system_tokens * 0.6 / len(TOOLS))
+    """Ten function tools whose descriptions make up about half of the system prompt."""
+    each = int(system_tokens * 0.5 / len(TOOLS))
     tools = []
     for name in TOOLS:
         properties = {
@@ -110,7 +110,7 @@ def session_messages(rng: random.Random, turns: int, system_tokens: int) -> list
     """Each turn's whole message list: system, the user's task, then per turn an assistant
     message with one tool call and the tool's result (500-2,000 tokens). Turn k's list is
     turn k-1's plus two messages."""
-    system = {"role": "system", "content": prose(rng, int(system_tokens * 0.4))}
+    system = {"role": "system", "content": prose(rng, int(system_tokens * 0.33))}
     task = {
         "role": "user",
         "content": "Fix the failing test in tests/test_cache.py. " + prose(rng, 60),
