@@ -121,6 +121,18 @@ def test_a_prefix_part_in_memory_part_on_disk(tiny, tmp_path):
     assert stats["prefix_cache_hits"] == 20 + PROMPT_LENGTH - 1
 
 
+def test_a_prompt_longer_than_half_the_cache_is_restored_whole(qwen3, tmp_path):
+    """A restarted session's whole history comes from disk: its prefix blocks are blocks its
+    prompt takes anyway, not a share of the cache kept for new tokens."""
+    prompt = random_prompt(PROMPT_LENGTH, 16)  # 11 of the 16 blocks, 12 with its answer
+    small = dict(kv_cache_blocks=16, max_model_len=64, max_num_seqs=1)
+    cold = _generate(LLM(**_kwargs(qwen3, enable_prefix_caching=False, **small)), [prompt])
+    _written(qwen3, tmp_path, [prompt])
+    restarted = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path), **small))
+    assert _generate(restarted, [prompt]) == cold
+    assert restarted.get_stats()["prefix_disk_hits"] == PROMPT_LENGTH - 1
+
+
 @pytest.mark.parametrize("damage", ["flipped-byte", "truncated", "foreign-fingerprint"])
 def test_a_bad_file_is_removed_and_not_loaded(qwen3, tmp_path, damage):
     prompt = random_prompt(PROMPT_LENGTH, 9)

@@ -100,9 +100,13 @@ class DiskTier:
     # ---- before scheduling: bring known prefixes in from disk --------------------------------
 
     def prefetch(self, waiting, num_running: int) -> None:
-        """Load from disk the blocks of the prefixes of the sequences the next step may admit,
-        up to half the free blocks (the rest for their new tokens)."""
-        budget = self.block_manager.num_free_blocks // 2
+        """Load from disk the blocks of the prefixes of the sequences the next step may admit.
+        A sequence whose whole prompt (and one more token) fits in the blocks not yet spoken
+        for may have every prefix block loaded: the scheduler takes that many blocks for it
+        anyway. Else it gets up to half of them (the rest for its new tokens), as a prompt
+        longer than half the cache does."""
+        budget = self.block_manager.num_free_blocks
+        block_size = self.block_manager.block_size
         room = max(0, self.max_num_seqs - num_running)
         for seq in islice(waiting, room):
             if budget <= 0:
@@ -112,8 +116,11 @@ class DiskTier:
                 continue
             if seq.pooling == "mean" or seq.wants_prompt_logprobs:
                 continue  # every prompt row computed: no prefix hits for them
-            budget -= self._prefetch(seq, budget)
-            if budget > 0:  # else it may have more on disk: looked at again next step
+            need = seq.num_tokens // block_size + 1  # its blocks, the next token's included
+            allowed = need if need <= budget else budget // 2
+            taken = self._prefetch(seq, allowed)
+            budget -= need if need <= budget else taken
+            if taken < allowed:  # else it may have more on disk: looked at again next step
                 self._looked.add(key)
         if len(self._looked) > 4 * self.max_num_seqs:
             waiting_keys = {(s.seq_id, s.num_preemptions) for s in waiting}
