@@ -88,6 +88,7 @@ def llama_command(binary: Path, model: Path, port: int, args, slot_dir: Path) ->
         *("-c", str(args.ctx), "-np", "1", "-t", str(args.threads), "-tb", str(args.threads)),
         *("--jinja", "--chat-template-file", str(template_path())),
         *("--cache-reuse", "256", "--slot-save-path", str(slot_dir)),
+        *("--timeout", "7200"),  # its default 600 s cut a busy machine's 12k-token first turn
         *("--no-webui", "--alias", "llama-server"),
         *args.llama_arg,
     ]
@@ -182,7 +183,7 @@ def axon_phases(model: Path, session, tools, args, work: Path) -> dict:
     for phase in ("cold", "restart"):
         port = free_port()
         command = axon_command(model, port, args, cache_dir)
-        process, url = start("axon", command, port, work / f"axon-{phase}.log", args)
+        process, url = start("axon", command, port, args.log_dir / f"axon-{phase}.log", args)
         try:
             results[phase] = run_session(url, "axon", session, tools, args, f"axon {phase}")
         finally:
@@ -198,7 +199,7 @@ def llama_phases(model: Path, session, tools, args, work: Path) -> dict:
     for phase in ("cold", "restart"):
         port = free_port()
         command = llama_command(binary, model, port, args, slot_dir)
-        log = work / f"llama-{phase}.log"
+        log = args.log_dir / f"llama-server-{phase}.log"
         process, url = start("llama-server", command, port, log, args)
         try:
             restore = slot_action(url, "restore") if phase == "restart" else 0.0
@@ -275,6 +276,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--llama-arg", action="append", default=[], help="extra llama-server arg")
     parser.add_argument("--engines", nargs="+", default=["axon", "llama-server"])
     parser.add_argument("--json", type=Path, help="write every turn's figures here too")
+    parser.add_argument("--log-dir", type=Path, default=CACHE / "agent-session-logs")
     return parser.parse_args(argv)
 
 
@@ -287,15 +289,16 @@ def main(argv=None) -> int:
     tools = tool_schemas(rng, args.system_tokens)
     session = session_messages(rng, args.turns, args.system_tokens)
     print(f"{model.name}: {args.turns} turns, ~{args.system_tokens} system tokens", flush=True)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
     results = {}
     with tempfile.TemporaryDirectory(prefix="agent-session-") as tmp:
         for engine in args.engines:
             phases = axon_phases if engine == "axon" else llama_phases
             results[engine] = phases(model, session, tools, args, Path(tmp))
+            if args.json:  # each engine's figures as soon as they are in
+                args.json.write_text(json.dumps(results, indent=1))
     if set(results) == {"axon", "llama-server"}:
         print(summarize(results), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
     return 0
 
 
