@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -101,36 +100,14 @@ def start(engine: str, command: list[str], port: int, log: Path, args):
         filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
     )
     started = time.perf_counter()
+    process = ServerProcess(command, env, log)
     url = f"http://127.0.0.1:{port}"
     if engine == "axon":
-        process = ServerProcess(command, env, log)
         wait_until_listed(url, "axon", {}, args.start_timeout, process)
     else:
-        process = PeerProcess(command, env, log)
         wait_ready(url + "/health", process.process, args.start_timeout)
     print(f"  {engine} ready in {time.perf_counter() - started:.1f} s", flush=True)
     return process, url
-
-
-class PeerProcess:
-    """llama-server with its log written straight to a file. Under serve.ServerProcess (its
-    stderr read through a pipe) it stopped, orderly, at the end of a turn, here, in several
-    runs; with a file it did not."""
-
-    def __init__(self, command: list[str], env: dict, log: Path) -> None:
-        with log.open("w") as out:
-            self.process = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-
-    def stop(self, grace_s: float) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
 
 
 # ---- one turn, one session ------------------------------------------------------------------
