@@ -121,6 +121,18 @@ def test_a_prefix_part_in_memory_part_on_disk(tiny, tmp_path):
     assert stats["prefix_cache_hits"] == 20 + PROMPT_LENGTH - 1
 
 
+def test_a_prompt_longer_than_half_the_cache_is_restored_whole(qwen3, tmp_path):
+    """A restarted session's whole history comes from disk: its prefix blocks are blocks its
+    prompt takes anyway, not a share of the cache kept for new tokens."""
+    prompt = random_prompt(PROMPT_LENGTH, 16)  # 11 of the 16 blocks, 12 with its answer
+    small = dict(kv_cache_blocks=16, max_model_len=64, max_num_seqs=1)
+    cold = _generate(LLM(**_kwargs(qwen3, enable_prefix_caching=False, **small)), [prompt])
+    _written(qwen3, tmp_path, [prompt])
+    restarted = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path), **small))
+    assert _generate(restarted, [prompt]) == cold
+    assert restarted.get_stats()["prefix_disk_hits"] == PROMPT_LENGTH - 1
+
+
 @pytest.mark.parametrize("damage", ["flipped-byte", "truncated", "foreign-fingerprint"])
 def test_a_bad_file_is_removed_and_not_loaded(qwen3, tmp_path, damage):
     prompt = random_prompt(PROMPT_LENGTH, 9)
@@ -214,6 +226,72 @@ def test_an_unwritable_directory_degrades_with_a_warning(qwen3, tmp_path, caplog
         llm.engine.disk_tier.flush()
     assert len(_not_writable(caplog, tmp_path)) == 1
     assert llm.get_stats()["prefix_disk_blocks_written"] == 0
+
+
+def _writable_again(caplog, directory: Path) -> list:
+    return [r for r in caplog.records if "writable again" in r.getMessage()
+            and str(directory) in r.getMessage()]  # fmt: skip
+
+
+def test_writing_resumes_once_the_directory_is_writable_again(qwen3, tmp_path, caplog):
+    prompts = random_prompts((PROMPT_LENGTH,) * 3, 15)
+    cold = _generate(LLM(**_kwargs(qwen3, enable_prefix_caching=False)), prompts)
+    llm = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path)))
+    tier = llm.engine.disk_tier
+    tier.store.retry_min_s = 0.0  # try again at every block offered
+    # A plain file where the directory was: nobody, root included, writes under it.
+    shutil.rmtree(tier.store.dir)
+    Path(tier.store.dir).write_text("")
+    with caplog.at_level(logging.WARNING, logger="axon.cache.disk_prefix"):
+        assert _generate(llm, prompts[:1]) == cold[:1]
+        tier.flush()
+        assert not tier.store.writable
+        os.remove(tier.store.dir)
+        assert _generate(llm, prompts[1:]) == cold[1:]
+        tier.flush()
+    assert tier.store.writable
+    assert len(_not_writable(caplog, tmp_path)) == 1
+    assert len(_writable_again(caplog, tmp_path)) == 1
+    assert all(_block_file(llm, prompts[2], index).exists() for index in range(10))
+    restarted = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path)))
+    assert _generate(restarted, prompts[2:]) == cold[2:]
+    assert restarted.get_stats()["prefix_disk_hits"] == PROMPT_LENGTH - 1
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 64 KiB tmpfs (root only: skipped where mounting is not allowed)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)]
+    if os.geteuid() != 0 or subprocess.run(command, capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_filesystem_stops_writing_and_space_back_resumes_it(small_filesystem, caplog):
+    store = DiskPrefixStore(str(small_filesystem), bytes(32), max_bytes=1 << 30)
+    store.retry_min_s = 0.0
+    payload = bytes(range(256)) * 48  # 12 KiB: five fit in 64 KiB, not six
+    hashes = [hashlib.sha256(bytes([i])).digest() for i in range(8)]
+    with caplog.at_level(logging.WARNING, logger="axon.cache.disk_prefix"):
+        for block_hash in hashes[:7]:
+            store.put("kv", block_hash, payload)
+            store.flush()
+        assert not store.writable
+        assert not list(small_filesystem.glob("*/.tmp-*"))  # the torn write is gone
+        written = [h for h in hashes[:7] if os.path.exists(store.path("kv", h))]
+        assert 0 < len(written) < 7
+        for block_hash in written:
+            os.remove(store.path("kv", block_hash))
+        assert store.put("kv", hashes[7], payload)
+        store.flush()
+    assert store.writable
+    assert store.read_into("kv", hashes[7], bytearray(len(payload)))
+    assert len(_not_writable(caplog, small_filesystem)) == 1
+    assert len(_writable_again(caplog, small_filesystem)) == 1
+    store.close()
 
 
 _WRITER = """

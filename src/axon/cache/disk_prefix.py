@@ -14,10 +14,12 @@ are written to a unique temporary name and renamed into place, so two processes 
 block race harmlessly (the last rename wins, both files are whole).
 
 Writes run on one daemon thread fed by a bounded queue: the engine's step loop only copies the
-bytes out and enqueues them, and drops the block when the queue is full. Any OSError on a write
-(a full disk, a read-only directory) turns writing off for the life of the store with one
-warning; reads go on. Past `max_bytes` in the whole directory the least recently used files go
-(a read marks a file used by touching its mtime), down to 90% of the cap.
+bytes out and enqueues them, and drops the block when the queue is full. An OSError on a write
+(a full disk, a read-only directory) turns writing off with one warning; reads go on. Writing is
+tried again after a pause (5 s, doubled after each failed try up to 5 minutes) with the next
+block offered: the first that is written turns writing back on, with one line in the log. Past
+`max_bytes` in the whole directory the least recently used files go (a read marks a file used by
+touching its mtime), down to 90% of the cap.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ _HEADER = struct.Struct("<8sHH32s32sQI")  # magic, version, kind, fingerprint, h
 HEADER_SIZE = _HEADER.size
 _EVICT_TO = 0.9  # evicting goes down to this share of the cap, so it runs once per many writes
 _STALE_TMP_S = 3600.0  # a temporary file this old belongs to a process that died mid-write
+RETRY_MIN_S, RETRY_MAX_S = 5.0, 300.0  # pauses before writing is tried again after a failure
 
 
 _SUFFIXES = tuple(f".{kind}" for kind in KINDS)
@@ -70,6 +73,10 @@ class DiskPrefixStore:
         self.dir = os.path.join(self.root, fingerprint.hex()[:16])
         self.max_bytes = max_bytes
         self.writable = True
+        self.retry_min_s = RETRY_MIN_S
+        self._failures = 0  # failed tries in a row; the pause doubles with each
+        self._retry_at = 0.0  # time.monotonic() from which a write is tried again
+        self._probing = False  # a block queued as the try is not written yet
         self.num_written = 0
         self.num_dropped = 0  # blocks not written: the queue was full or writing is off
         self.num_rejected = 0  # files found bad on reading, removed
@@ -140,16 +147,24 @@ class DiskPrefixStore:
     @property
     def accepting(self) -> bool:
         """Whether `put` would take a block now: ask before copying its bytes out."""
-        return self.writable and not self._queue.full()
+        return self._may_write() and not self._queue.full()
+
+    def _may_write(self) -> bool:
+        """Writing is on, or off and due to be tried again (by one block at a time)."""
+        return self.writable or (not self._probing and time.monotonic() >= self._retry_at)
 
     def put(self, kind: str, block_hash: bytes, payload) -> bool:
-        """Queue a file for the writer thread; False (dropped) when the queue is full."""
-        if not self.writable or self._closed:
+        """Queue a file for the writer thread; False (dropped) when the queue is full or writing
+        is off."""
+        if not self._may_write() or self._closed:
             self.num_dropped += 1
             return False
+        probe = not self.writable
+        self._probing = probe  # before the writer can take it and clear it
         try:
-            self._queue.put_nowait((kind, block_hash, payload))
+            self._queue.put_nowait((kind, block_hash, payload, probe))
         except queue.Full:
+            self._probing = False
             self.num_dropped += 1
             return False
         self._pending.add((kind, block_hash))
@@ -170,13 +185,16 @@ class DiskPrefixStore:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
+            kind, block_hash, payload, probe = item
             try:
-                if self.writable:
-                    self._write(*item)
+                if self.writable or probe:
+                    self._write(kind, block_hash, payload)
             except Exception:  # a bug must not kill the thread and block flush() forever
                 logger.exception("prefix cache writer failed")
             finally:
-                self._pending.discard(item[:2])
+                if probe:
+                    self._probing = False
+                self._pending.discard((kind, block_hash))
                 self._queue.task_done()
         self._queue.task_done()
 
@@ -188,12 +206,15 @@ class DiskPrefixStore:
         path = self.path(kind, block_hash)
         tmp = os.path.join(self.dir, f".tmp-{os.getpid()}-{uuid.uuid4().hex}")
         try:
+            if not self.writable:  # a try after a failure: the directory may be gone
+                os.makedirs(self.dir, exist_ok=True)
             _write_file(tmp, header, view)
             os.replace(tmp, path)  # atomic: a reader sees the old file or the new, never half
         except OSError as exc:
             self._remove(tmp)
             self._stop_writing(exc)
             return
+        self._resume_writing()
         self.num_written += 1
         with self._lock:
             self._total += HEADER_SIZE + len(view)
@@ -202,14 +223,24 @@ class DiskPrefixStore:
             self._evict()
 
     def _stop_writing(self, exc: OSError) -> None:
+        """Writing off until the next try, each failure in a row pausing twice as long."""
         if self.writable:
             logger.warning(
                 "prefix cache directory %s is not writable (%s): prefixes are no longer saved "
-                "to disk; requests are served as before",
+                "to disk, tried again from time to time; requests are served as before",
                 self.dir,
                 exc,
             )
         self.writable = False
+        pause = min(self.retry_min_s * 2**self._failures, RETRY_MAX_S)
+        self._failures += 1
+        self._retry_at = time.monotonic() + pause
+
+    def _resume_writing(self) -> None:
+        if not self.writable:
+            logger.warning("prefix cache directory %s is writable again: saving prefixes", self.dir)
+        self.writable = True
+        self._failures = 0
 
     # ---- the size cap -----------------------------------------------------------------------
 

@@ -194,6 +194,24 @@ class TPWorkers:
                     "the process group is broken"
                 ) from exc
 
+    def ask(self, kind: str, *args) -> list:
+        """Send (kind, *args) to every rank on this host, between steps; their answers in rank
+        order (each replies (kind, answer)); RankFailed when one fails, dies or is late as a step
+        would be."""
+        payload = pickle.dumps((kind, *args), protocol=pickle.HIGHEST_PROTOCOL)
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                conn.send_bytes(payload)
+            except OSError as exc:
+                raise RankFailed(f"tensor-parallel rank {rank} is gone: {exc}") from exc
+        answers, deadline = [], time.monotonic() + self.step_timeout_s
+        for rank, (process, conn) in enumerate(zip(self.processes, self.conns), start=1):
+            message = self._receive(rank, process, conn, deadline)
+            if message[0] != kind:
+                raise RankFailed(f"tensor-parallel rank {rank}: {message[-1]}")
+            answers.append(message[1])
+        return answers
+
     def collect(self) -> None:
         """Drain one step reply from every rank; raises RankFailed with every rank's error, or
         when a rank has not answered within the step deadline."""

@@ -18,14 +18,16 @@ Around each step:
 - `save`, after the step: copy those blocks' bytes (and the snapshots stored this step) out of
   the cache and queue them for the store's writer thread; a block already on disk is skipped,
   one the queue has no room for dropped.
+
+Under tensor parallelism (ranks on this host) every rank keeps its own shard of each block in its
+own files (runner/disk_shard.py); rank 0 asks the other ranks over their pipes, between steps, to
+read, place and save their shards, and a block read from disk is a hit only when every rank read
+it whole.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 from dataclasses import dataclass
 from itertools import islice
 
@@ -36,47 +38,11 @@ from axon.cache.block_manager import BlockManager, chain_hash
 from axon.cache.disk_prefix import DiskPrefixStore
 from axon.cache.state_slots import StateSlotManager
 from axon.config import EngineConfig
+from axon.runner.disk_shard import open_store
 from axon.runner.kv_blocks import BlockCopier
 from axon.sequence import Sequence
 
 logger = logging.getLogger(__name__)
-
-_QUEUE_BYTES = 256 << 20  # the writer's queue holds about this much: a burst of long prompts
-
-
-def model_identity(path: str) -> list:
-    """The model's files as (name, size, mtime): a file replaced or rewritten is another model.
-    A directory: its checkpoint, config and tokenizer files."""
-    path = os.path.realpath(path)
-    if os.path.isfile(path):
-        stat = os.stat(path)
-        return [path, stat.st_size, stat.st_mtime_ns]
-    entries = []
-    if os.path.isdir(path):
-        for entry in sorted(os.scandir(path), key=lambda e: e.name):
-            if entry.is_file() and entry.name.endswith((".safetensors", ".gguf", ".json", ".bin")):
-                stat = entry.stat()
-                entries.append([entry.name, stat.st_size, stat.st_mtime_ns])
-    return [path, entries]
-
-
-def fingerprint(config: EngineConfig, runner, copier: BlockCopier, rank: int = 0) -> bytes:
-    """What a block's bytes depend on besides its tokens: the model's files, the compute and
-    cache dtypes and layout, the block size, the device kind and the parallel layout."""
-    described = {
-        "model": model_identity(config.model),
-        "config": runner.hf_config.to_dict(),
-        "dtype": str(runner.dtype),
-        "activation_precision": runner.config.activation_precision,
-        "kv_cache_dtype": config.kv_cache_dtype,
-        "layout": copier.layout(),
-        "block_size": config.block_size,
-        "device": runner.device.type,
-        "tensor_parallel": [config.tensor_parallel_size, config.nnodes, rank],
-        "images": [config.image_profile, config.max_image_pixels],
-    }
-    text = json.dumps(described, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).digest()
 
 
 @dataclass
@@ -91,8 +57,10 @@ class _Filled:
 
 class DiskTier:
     def __init__(self, store: DiskPrefixStore, copier: BlockCopier, block_manager: BlockManager,
-                 state_slots: StateSlotManager | None, max_num_seqs: int):  # fmt: skip
+                 state_slots: StateSlotManager | None, max_num_seqs: int,
+                 ranks=None):  # fmt: skip
         self.store = store
+        self.ranks = ranks  # the other tensor-parallel ranks' workers (None: one rank)
         self.copier = copier
         self.block_manager = block_manager
         # Hybrid models: resume only from snapshots, which only exist with a snapshot pool.
@@ -111,8 +79,10 @@ class DiskTier:
         why = None
         if not block_manager.enable_prefix_caching:
             why = "prefix caching is off"
-        elif config.tensor_parallel_size > 1:
-            why = "tensor parallelism keeps the KV cache in several processes"
+        elif config.nnodes > 1:
+            why = "ranks on other hosts keep their KV cache shards on their own disks"
+        elif config.tensor_parallel_size > 1 and runner.plan.num_state_slots:
+            why = "a hybrid model's state snapshots are not kept on disk under tensor parallelism"
         elif runner.plan.num_state_slots and not runner.plan.num_state_snapshots:
             why = "this hybrid model has no state snapshot pool"
         if why is None:
@@ -123,21 +93,20 @@ class DiskTier:
         if why is not None:
             logger.warning("--prefix-cache-dir %s unused: %s", config.prefix_cache_dir, why)
             return None
-        queue_size = max(4, _QUEUE_BYTES // max(1, copier.block_bytes))
-        store = DiskPrefixStore(
-            config.prefix_cache_dir,
-            fingerprint(config, runner, copier),
-            config.prefix_cache_disk_size,
-            queue_size,
-        )
-        return cls(store, copier, block_manager, state_slots, config.max_num_seqs)
+        store = open_store(config, runner, copier, rank=0)
+        args = (store, copier, block_manager, state_slots, config.max_num_seqs, runner.workers)
+        return cls(*args)
 
     # ---- before scheduling: bring known prefixes in from disk --------------------------------
 
     def prefetch(self, waiting, num_running: int) -> None:
-        """Load from disk the blocks of the prefixes of the sequences the next step may admit,
-        up to half the free blocks (the rest for their new tokens)."""
-        budget = self.block_manager.num_free_blocks // 2
+        """Load from disk the blocks of the prefixes of the sequences the next step may admit.
+        A sequence whose whole prompt (and one more token) fits in the blocks not yet spoken
+        for may have every prefix block loaded: the scheduler takes that many blocks for it
+        anyway. Else it gets up to half of them (the rest for its new tokens), as a prompt
+        longer than half the cache does."""
+        budget = self.block_manager.num_free_blocks
+        block_size = self.block_manager.block_size
         room = max(0, self.max_num_seqs - num_running)
         for seq in islice(waiting, room):
             if budget <= 0:
@@ -147,8 +116,11 @@ class DiskTier:
                 continue
             if seq.pooling == "mean" or seq.wants_prompt_logprobs:
                 continue  # every prompt row computed: no prefix hits for them
-            budget -= self._prefetch(seq, budget)
-            if budget > 0:  # else it may have more on disk: looked at again next step
+            need = seq.num_tokens // block_size + 1  # its blocks, the next token's included
+            allowed = need if need <= budget else budget // 2
+            taken = self._prefetch(seq, allowed)
+            budget -= need if need <= budget else taken
+            if taken < allowed:  # else it may have more on disk: looked at again next step
                 self._looked.add(key)
         if len(self._looked) > 4 * self.max_num_seqs:
             waiting_keys = {(s.seq_id, s.num_preemptions) for s in waiting}
@@ -165,6 +137,12 @@ class DiskTier:
             if not self.store.read_into("kv", block_hash, data[row].numpy()):
                 chain, on_disk, data = chain[:index], on_disk[:row], data[:row]  # broken here
                 break
+        asked = self.ranks is not None and bool(on_disk)
+        if asked:
+            counts = self.ranks.ask("disk", "read", [h for _, h in on_disk])
+            row = min(len(on_disk), *counts)  # a hit only where every rank has its shard
+            if row < len(on_disk):
+                chain, on_disk, data = chain[: on_disk[row][0]], on_disk[:row], data[:row]
         if self.state_slots is not None:
             chain = self._to_last_snapshot(chain)
             if not chain or not self._load_snapshot(chain[-1][0]):
@@ -172,6 +150,8 @@ class DiskTier:
             keep = sum(1 for index, _ in on_disk if index < len(chain))
             on_disk, data = on_disk[:keep], data[:keep]
         if not on_disk:
+            if asked:
+                self.ranks.ask("disk", "place", [])  # drop what they hold
             return 0
         block_size = self.block_manager.block_size
         ids = [
@@ -179,6 +159,8 @@ class DiskTier:
             for i, h in on_disk
         ]
         self.copier.write_blocks(ids, data)
+        if asked:
+            self.ranks.ask("disk", "place", ids)
         self.num_loaded_blocks += len(ids)
         return len(ids)
 
@@ -253,6 +235,8 @@ class DiskTier:
 
     def save(self, filled: list[_Filled], out: SchedulerOutput) -> None:
         """After the step: queue the filled blocks and the snapshots stored, not yet on disk."""
+        if self.ranks is not None and filled:
+            self.ranks.ask("disk", "save", [(f.block_id, f.block_hash) for f in filled])
         blocks = [f for f in filled if not self.store.contains("kv", f.block_hash)]
         if blocks and self.store.accepting:
             data = self.copier.read_blocks([f.block_id for f in blocks])
@@ -278,9 +262,18 @@ class DiskTier:
 
     def flush(self) -> None:
         """Wait until every queued file is written (tests; a shutdown closes instead)."""
+        if self.ranks is not None:
+            self.ranks.ask("disk", "flush")
         self.store.flush()
 
     def close(self) -> None:
+        """Write what every rank has queued (before the ranks are stopped)."""
+        if self.ranks is not None:
+            try:
+                self.ranks.ask("disk", "close")
+            except RuntimeError as exc:  # a rank that is gone keeps what it wrote
+                logger.warning("prefix cache: the ranks' files not all written: %s", exc)
+            self.ranks = None
         self.store.close()
 
     def stats(self) -> dict:

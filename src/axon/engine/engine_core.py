@@ -178,9 +178,9 @@ class EngineCore(StepSampling):
     def close(self) -> None:
         """Stops the other tensor-parallel ranks, if any (the engine is done with the device), and
         writes the disk tier's queued blocks."""
-        self.runner.close()
         if self.disk_tier is not None:
-            self.disk_tier.close()
+            self.disk_tier.close()  # first: the other ranks write their queues too
+        self.runner.close()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -23,6 +23,7 @@ from axon.distributed.parallel_state import control_group, init_tp_group
 from axon.distributed.rank_process import start_rank
 from axon.distributed.workers import move_tensors
 from axon.kernels import build
+from axon.runner.disk_shard import DiskShards
 from axon.runner.model_runner import ModelRunner
 from axon.runner.tensor_parallel import rank_device
 
@@ -47,14 +48,14 @@ def worker_main(rank: int, store_path: str, conn, parent_pid: int, config, threa
         return
     if device.type == "cpu":
         build.load()  # before the first step, as the engine process does
-    _serve_steps(runner, conn)
+    _serve_steps(runner, conn, DiskShards(config, runner, rank))
     logging.shutdown()
     # Straight out: tearing the group down (or torch's exit handlers) would wait on the ranks
     # that are exiting too; the kernel frees what this process holds.
     os._exit(0)
 
 
-def _serve_steps(runner, conn) -> None:
+def _serve_steps(runner, conn, disk: DiskShards) -> None:
     """Wait on the pipe (never on a collective with a timeout) and run each step sent."""
     image_outputs: dict = {}  # request key -> this rank's tower output for its images
     while True:
@@ -63,8 +64,12 @@ def _serve_steps(runner, conn) -> None:
         except (EOFError, OSError):
             return  # rank 0 is gone
         if message[0] == "shutdown":
+            disk.close()
             conn.send(("bye",))
             return
+        if message[0] == "disk":
+            conn.send(disk.answer(message[1:]))
+            continue
         if message[0] == "wedge":
             _wedge()
         try:
