@@ -61,7 +61,9 @@ def test_output_equals_an_engine_with_copied_weights(gguf_file, monkeypatch):
     prompts = random_prompts((1, 7, 20), seed=5)
     mapped = _engine(gguf_file).compute_logits(prompts)
     original = gguf_loader.iterate_gguf_file  # what the loader imports when it loads a GGUF
-    monkeypatch.setattr(gguf_loader, "iterate_gguf_file", lambda path: original(path, False))
+    monkeypatch.setattr(
+        gguf_loader, "iterate_gguf_file", lambda path, **kw: original(path, False, **kw)
+    )
     copied_llm = _engine(gguf_file)
     ranges = _mappings_of(gguf_file)
     for raw in _quantized_buffers(copied_llm):  # the test tells a copy from a view
