@@ -47,9 +47,15 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from llama_server import CACHE, wait_ready  # noqa: E402
+from llama_server import CACHE  # noqa: E402
 from peers import PEERS, build_peers  # noqa: E402
-from serve_vs_llama_server import axon_command, free_port, make_prompt_source  # noqa: E402
+from serve_vs_llama_server import (  # noqa: E402
+    axon_command,
+    free_port,
+    launch,
+    make_prompt_source,
+    server_env,
+)
 
 AXON_CACHE = {"f16": "float16", "q8_0": "q8_0"}
 NAMED_FILES = ("demo", "chat-demo", "qwen3-q8_0", "qwen3-q4_k_m")
@@ -126,12 +132,6 @@ def stop_servers(servers: dict) -> None:
 
 def start_servers(model: Path, binaries: dict[str, Path], args, log_dir: Path) -> dict:
     """{engine: (process, url)}, all ready."""
-    from serve import ServerProcess, wait_until_listed
-
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
-    )
     ports = {engine: free_port() for engine in ("axon", *binaries)}
     args.slots, args.axon_log_level = args.streams, "warning"
     commands = {
@@ -140,22 +140,8 @@ def start_servers(model: Path, binaries: dict[str, Path], args, log_dir: Path) -
     }
     for peer, binary in binaries.items():
         commands[peer] = peer_command(peer, binary, model, ports[peer], args)
-    servers = {}
-    try:
-        for engine, command in commands.items():
-            start = time.perf_counter()
-            process = ServerProcess(command, env, log_dir / f"{model.stem}-{engine}-long.log")
-            url = f"http://127.0.0.1:{ports[engine]}"
-            servers[engine] = (process, url)
-            if engine == "axon":
-                wait_until_listed(url, "axon", {}, args.start_timeout, process)
-            else:
-                wait_ready(url + "/health", process.process, args.start_timeout)
-            print(f"  {engine} ready in {time.perf_counter() - start:.1f} s", flush=True)
-    except BaseException:
-        stop_servers(servers)
-        raise
-    return servers
+    logs = {engine: log_dir / f"{model.stem}-{engine}-long.log" for engine in commands}
+    return launch(commands, ports, server_env(args.threads), logs, args.start_timeout)
 
 
 # ---- the run --------------------------------------------------------------------------------

@@ -140,34 +140,52 @@ def axon_command(model: Path, port: int, args: argparse.Namespace) -> list[str]:
     return command + ["--log-level", args.axon_log_level]
 
 
-def start_servers(
-    model: Path, binaries: dict[str, Path], args: argparse.Namespace, log_dir: Path
-) -> dict:
-    """{engine: (ServerProcess, base url)} for axon and each peer in `binaries`, all ready;
-    prints their start-up seconds."""
-    from serve import ServerProcess, wait_until_listed
-
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+def server_env(threads: int) -> dict:
+    """The servers' environment: `threads` OpenMP threads, this checkout's axon first."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
     )
+    return env
+
+
+def launch(
+    commands: dict, ports: dict, env: dict, logs: dict[str, Path], start_timeout: float
+) -> dict:
+    """{engine: (ServerProcess, base url)} for each command, in order, each ready before the
+    next starts (prints their start-up seconds); on a failure the ones started are stopped."""
+    from serve import ServerProcess, wait_until_listed
+
     servers = {}
+    try:
+        for engine, command in commands.items():
+            start = time.perf_counter()
+            process = ServerProcess(command, env, logs[engine])
+            url = f"http://127.0.0.1:{ports[engine]}"
+            servers[engine] = (process, url)
+            if engine == "axon":
+                wait_until_listed(url, "axon", {}, start_timeout, process)
+            else:
+                wait_ready(url + "/health", process.process, start_timeout)
+            print(f"  {engine} ready in {time.perf_counter() - start:.1f} s", flush=True)
+    except BaseException:
+        for process, _ in servers.values():
+            process.stop(grace_s=20)
+        raise
+    return servers
+
+
+def start_servers(
+    model: Path, binaries: dict[str, Path], args: argparse.Namespace, log_dir: Path
+) -> dict:
+    """{engine: (ServerProcess, base url)} for axon and each peer in `binaries`, all ready."""
     ports = {engine: free_port() for engine in ("axon", *binaries)}
     commands = {"axon": axon_command(model, ports["axon"], args)}
     for peer, binary in binaries.items():
         shape = (args.ctx_per_slot, args.slots, args.threads)
         commands[peer] = PEERS[peer].command(binary, model, ports[peer], *shape)
-    for engine, command in commands.items():
-        start = time.perf_counter()
-        process = ServerProcess(command, env, log_dir / f"{model.stem}-{engine}.log")
-        url = f"http://127.0.0.1:{ports[engine]}"
-        servers[engine] = (process, url)
-        if engine == "axon":
-            wait_until_listed(url, "axon", {}, args.start_timeout, process)
-        else:
-            wait_ready(url + "/health", process.process, args.start_timeout)
-        print(f"  {engine} ready in {time.perf_counter() - start:.1f} s", flush=True)
-    return servers
+    logs = {engine: log_dir / f"{model.stem}-{engine}.log" for engine in commands}
+    return launch(commands, ports, server_env(args.threads), logs, args.start_timeout)
 
 
 # ---- the run --------------------------------------------------------------------------------
