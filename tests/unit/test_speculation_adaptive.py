@@ -3,6 +3,8 @@ after each failure in a row, and a draft that pays again ends the backoff."""
 
 from __future__ import annotations
 
+import time
+
 from axon.engine.speculation import Speculator, min_acceptance
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
@@ -54,3 +56,41 @@ def test_rejected_drafts_back_off_and_accepted_ones_end_it():
 def test_the_bar_rises_with_the_running_sequences():
     assert min_acceptance(1) < min_acceptance(4) < min_acceptance(16) < 1.0
     assert abs(min_acceptance(1) - 0.45) < 1e-9
+
+
+class SlowDrafter(FixedDrafter):
+    """Drafts that are always right, but take ten times a step's forward to make."""
+
+    def propose(self, seqs, max_tokens):
+        time.sleep(0.005)
+        return super().propose(seqs, max_tokens)
+
+
+def _timed_steps(speculator: Speculator, seq: Sequence, steps: int) -> list[int]:
+    """Like `_drafting_steps` with every draft accepted, each step's forward timed at 0.5 ms."""
+    drafted = []
+    for _ in range(steps):
+        speculator.propose([seq])
+        rows = 1 + len(seq.spec_token_ids)
+        speculator.time_step(rows, 0.0005)
+        if seq.spec_token_ids:
+            drafted.append(speculator.num_steps)
+            speculator.accept(seq, list(seq.spec_token_ids) + [9])
+    return drafted
+
+
+def test_a_drafter_slower_than_the_step_stops_drafting_though_its_drafts_are_right():
+    spec = parse({"method": "draft_model", "model": "draft", "num_speculative_tokens": 4})
+    speculator = Speculator(spec, SlowDrafter(), max_model_len=100_000)
+    seq = _decoding_sequence()
+    drafted = _timed_steps(speculator, seq, 200)
+    assert speculator.draft_cost > 1.0  # 5 ms for 4 tokens against a step of 0.5 ms
+    assert min_acceptance(1, speculator.row_cost, speculator.draft_cost) > 1.0
+    assert len(drafted) < 10  # paused, though all its drafts were accepted
+    # ... and k d times as long as a fast drafter would (16 steps at first): its probes cost more.
+    next_probe = drafted[3] if len(drafted) > 3 else speculator.num_steps + 1
+    assert next_probe - drafted[2] > 16 * 4
+    # Pinned costs (the engine tests' "every draft pays") leave the drafter's time out.
+    pinned = Speculator(spec, SlowDrafter(), max_model_len=100_000)
+    pinned.row_cost = 0.0
+    assert len(_timed_steps(pinned, _decoding_sequence(), 20)) == 20

@@ -13,17 +13,21 @@ Adaptive: a draft pays when its expected accepted tokens cost less than the toke
 makes anyway. One step's forward of T rows costs about 1 + c * (T - 1) one-row steps: the
 weights are read once a step, every row adds its compute. c is measured while serving
 (engine/row_cost.py: the engine times its decode-only steps and fits it, from a prior of 0.45).
-With B sequences running a token costs (1 + c (B - 1)) / B and a draft token c / acceptance, so
-a sequence drafts while the EWMA of its acceptance (accepted / drafted) exceeds
-c B / (1 + c (B - 1)) (with c = 0.45: 0.45 alone, 0.77 with 4 running, 0.92 with 16). Below it,
-a sequence pauses `_PAUSE_STEPS` steps and then tries again, twice as long after each pause in
-a row (text with nothing to copy stops costing anything); above `max_seqs` running sequences
-nobody drafts.
+Drafting a token costs d more (the drafter's time per draft token over a one-row step's, also
+measured: a draft model's forwards, the MTP block's; n-gram lookup's is next to nothing). With
+B sequences running a token costs (1 + c (B - 1)) / B and a draft token (c + d) / acceptance,
+so a sequence drafts while the EWMA of its acceptance (accepted / drafted) exceeds
+(c + d) B / (1 + c (B - 1)) (with c = 0.45, d = 0: 0.45 alone, 0.77 with 4 running, 0.92 with
+16; a drafter slower than a step never pays). Below it, a sequence pauses `_PAUSE_STEPS`
+steps and then tries again, twice as long after each pause in a row (text with nothing to copy
+stops costing anything), and k d times as long where a probe's k drafts take more than a step
+to make; above `max_seqs` running sequences nobody drafts.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from axon.engine.drafting import Drafter
@@ -40,9 +44,10 @@ _MAX_PAUSE_DOUBLINGS = 4  # the longest pause: 16 << 4 = 256 steps
 DEFAULT_MAX_SEQS = 16  # where drafts would need 84% acceptance to pay
 
 
-def min_acceptance(num_running: int, row_cost: float = ROW_COST) -> float:
-    """The acceptance above which a draft pays with `num_running` sequences in the step."""
-    return row_cost * num_running / (1 + row_cost * (num_running - 1))
+def min_acceptance(num_running: int, row_cost: float = ROW_COST, draft_cost: float = 0.0) -> float:
+    """The acceptance above which a draft pays with `num_running` sequences in the step: a
+    draft token costs its verify row plus its drafting (`draft_cost`, in one-row steps too)."""
+    return (row_cost + draft_cost) * num_running / (1 + row_cost * (num_running - 1))
 
 
 @dataclass
@@ -69,6 +74,9 @@ class Speculator:
         self.num_steps = 0
         self.row_costs = RowCost()
         self._fixed_row_cost: float | None = None
+        self.draft_cost = 0.0  # EWMA: drafting one token, in one-row steps (measured)
+        self._draft_seconds = 0.0  # the latest step's drafting
+        self._drafted = 0  # its draft tokens, while they may be measured
         self._required = min_acceptance(1)
         self._acceptance: dict[int, _Acceptance] = {}
         # vLLM's spec_decode counters: drafts (sequences that drafted, per step), their tokens,
@@ -89,8 +97,14 @@ class Speculator:
         self._fixed_row_cost = value
 
     def time_step(self, rows: int, seconds: float) -> None:
-        """Count a decode-only step's forward (`rows` rows, drafts included) in the row cost."""
+        """Count a decode-only step's forward (`rows` rows, drafts included) in the row cost,
+        and the drafting of its drafts against what one row of it cost."""
         self.row_costs.observe(rows, seconds)
+        if self._drafted and seconds > 0.0:
+            one_row = seconds / (1 + self.row_costs.value * (rows - 1))
+            sample = self._draft_seconds / self._drafted / one_row
+            self.draft_cost += _EWMA_WEIGHT * (sample - self.draft_cost)
+        self._drafted = 0
 
     def propose(self, running: list[Sequence]) -> None:
         """Set each running sequence's drafts for the coming step (none for most)."""
@@ -99,14 +113,27 @@ class Speculator:
             seq.spec_token_ids = []
         if len(running) > self.max_seqs:
             return
-        self._required = min_acceptance(len(running), self.row_cost)
+        self._drafted = 0
+        self._required = min_acceptance(len(running), self.row_cost, self._draft_cost())
         seqs = [seq for seq in running if self._may_draft(seq)]
         limits = [self._limit(seq) for seq in seqs]
         seqs, limits = [s for s, n in zip(seqs, limits) if n], [n for n in limits if n]
         if not seqs:
             return
-        for seq, draft, limit in zip(seqs, self.drafter.propose(seqs, limits), limits):
+        started = time.perf_counter()
+        drafts = self.drafter.propose(seqs, limits)
+        self._draft_seconds = time.perf_counter() - started
+        for seq, draft, limit in zip(seqs, drafts, limits):
             seq.spec_token_ids = grammar_prefix(seq, list(draft[:limit]))
+        # A sequence's first drafts include the drafter's catching up with its whole prompt (a
+        # draft model prefills it): not what drafting a token costs from then on.
+        if all(seq.seq_id in self._acceptance for seq in seqs):
+            self._drafted = sum(len(seq.spec_token_ids) for seq in seqs)
+
+    def _draft_cost(self) -> float:
+        """Drafting a token, in one-row steps; left out where the row cost is pinned (tests:
+        every draft pays)."""
+        return 0.0 if self._fixed_row_cost is not None else self.draft_cost
 
     def _may_draft(self, seq: Sequence) -> bool:
         """A decode after its first token, not paused. Penalties, a grammar and a thinking
@@ -152,7 +179,10 @@ class Speculator:
             state.pauses = 0
             return
         doublings = min(state.pauses, _MAX_PAUSE_DOUBLINGS)
-        state.paused_until = self.num_steps + (_PAUSE_STEPS << doublings)
+        # A probe drafts k tokens at d steps each: a slow drafter pauses longer, so that its
+        # probes cost no more of the decode than a fast drafter's.
+        scale = max(1.0, self.k * self._draft_cost())
+        state.paused_until = self.num_steps + int((_PAUSE_STEPS << doublings) * scale)
         state.pauses += 1
         state.rate = self._required  # tried again later from the threshold, not below it
 
