@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import tempfile
@@ -55,10 +54,12 @@ from llama_server import (  # noqa: E402
     extract_sources,
     find_sdist,
     sdist_version,
-    wait_ready,
 )
-from serve import ServerProcess, wait_until_listed  # noqa: E402
-from serve_vs_llama_server import free_port  # noqa: E402
+from serve_vs_llama_server import (  # noqa: E402
+    free_port,
+    launch,
+    server_env,
+)
 
 TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 
@@ -95,19 +96,9 @@ def llama_command(binary: Path, model: Path, port: int, args, slot_dir: Path) ->
 
 
 def start(engine: str, command: list[str], port: int, log: Path, args):
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(BENCH.parent / "src"), env.get("PYTHONPATH")])
-    )
-    started = time.perf_counter()
-    process = ServerProcess(command, env, log)
-    url = f"http://127.0.0.1:{port}"
-    if engine == "axon":
-        wait_until_listed(url, "axon", {}, args.start_timeout, process)
-    else:
-        wait_ready(url + "/health", process.process, args.start_timeout)
-    print(f"  {engine} ready in {time.perf_counter() - started:.1f} s", flush=True)
-    return process, url
+    """(ServerProcess, base url) of one server, ready."""
+    env = server_env(args.threads)
+    return launch({engine: command}, {engine: port}, env, {engine: log}, args.start_timeout)[engine]
 
 
 # ---- one turn, one session ------------------------------------------------------------------
