@@ -152,7 +152,10 @@ def read_counts(chunk: dict, row: dict) -> None:
 
 def run_session(url: str, model: str, session: list, tools, args, label: str) -> list[dict]:
     rows = []
-    with httpx.Client(timeout=3600) as client:
+    # A connection per turn: llama-server closes a kept-alive connection after a streamed answer,
+    # and the next turn sent on it fails with "Server disconnected without sending a response".
+    no_reuse = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(timeout=3600, limits=no_reuse) as client:
         for index, messages in enumerate(session, start=1):
             row = turn(client, url, model, messages, tools, args.max_tokens)
             rows.append(row)

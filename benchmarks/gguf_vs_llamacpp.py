@@ -7,9 +7,10 @@ aggregate output tok/s at 4 and 16 concurrent streams (greedy, ignore EOS, prefi
 Decode bandwidth is the weight bytes a decode step reads (every tensor but an untied input
 embedding, of which it gathers one row per token) times decode tok/s.
 
-llama.cpp is llama-cpp-python's batched C API (benchmarks/llamacpp_worker.py), built from the
-sdist into --llamacpp-venv (default ~/.cache/axon-bench/llamacpp-venv) when missing: about 11
-minutes on 2 cores, logged to <venv>.log. ik_llama.cpp, the second peer (--peers), runs the same
+llama.cpp is llama-cpp-python's batched C API (benchmarks/llamacpp_worker.py) in --llamacpp-venv
+(default ~/.cache/axon-bench/llamacpp-venv). When it is missing, the venv gets the sdist's
+bindings on the libllama.so of llama-server's build tree if that exists (seconds), else the
+wheel built from the sdist (about 11 minutes on 2 cores, logged to <venv>.log). ik_llama.cpp, the second peer (--peers), runs the same
 worker on its own libllama.so and the ik-llama-cpp-python sdist's ctypes bindings, with its
 run-time repack (benchmarks/ik_llama.py builds it with its server). Each peer has its columns
 and a ratio row per axon variant.
@@ -42,6 +43,7 @@ import os
 import random
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -70,6 +72,8 @@ def ensure_llamacpp(venv: Path) -> Path:
     probe = [str(python), "-c", "import llama_cpp, numpy"]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return python
+    if venv_on_server_build(venv):
+        return python
     log = venv.with_suffix(".log")
     print(f"building llama-cpp-python into {venv} (log: {log}) ...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -84,6 +88,39 @@ def ensure_llamacpp(venv: Path) -> Path:
             env=env,
         )
     return python
+
+
+def venv_on_server_build(venv: Path) -> bool:
+    """Make `venv` import llama-cpp-python without building it again, where llama-server's build
+    tree (benchmarks/llama_server.py: the same sdist's llama.cpp, the same cmake flags) already
+    holds libllama.so: the sdist's ctypes bindings, with their `lib` directory linked to that
+    build's libraries, and the bindings' pure-Python dependencies. False where there is no such
+    build (the caller then builds the wheel)."""
+    from llama_server import find_sdist, server_build_dir
+
+    libs = server_build_dir() / "bin"
+    if not (libs / "libllama.so").exists():
+        return False
+    python = venv / "bin" / "python"
+    print(f"llama-cpp-python in {venv} on the libraries of {libs} ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "numpy", "diskcache", "jinja2"]
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # not axon's src/
+    subprocess.run([*pip, "typing_extensions"], check=True, env=clean)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    with tarfile.open(find_sdist()) as archive:
+        members = [m for m in archive.getmembers() if "/llama_cpp/" in m.name]
+        for member in members:
+            member.name = "llama_cpp/" + member.name.split("/llama_cpp/", 1)[1]
+        archive.extractall(site, members=members, filter="data")
+    lib = Path(site) / "llama_cpp" / "lib"
+    lib.unlink(missing_ok=True)
+    lib.symlink_to(libs, target_is_directory=True)
+    probe = [str(python), "-c", "import llama_cpp, numpy"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
 
 
 def quantize(python: Path, source: Path, target: Path, ftype: str) -> Path:

@@ -133,19 +133,26 @@ def build_llama_server(jobs: int = 2) -> Path:
     return binary
 
 
-def quantize_draft(model: Path, ftype: str, jobs: int = 2) -> Path:
-    """`model` requantized to `ftype` (e.g. Q2_K) by llama.cpp's `llama-quantize`, built once
-    in llama-server's build tree: a lower-bit copy of a model to draft for it, cached as
-    ~/.cache/axon-bench/<stem>-<ftype>.gguf. Tensors whose shape the type cannot hold get
+def server_build_dir() -> Path:
+    """llama-server's cmake build tree (its bin/ also holds libllama.so and the other tools)."""
+    _, suffix = cmake_flags()
+    return CACHE / f"llama-server-src-{sdist_version(find_sdist())}" / f"build{suffix}"
+
+
+def requantize(model: Path, ftype: str, target: Path | None = None, jobs: int = 2) -> Path:
+    """`model` (re)quantized to `ftype` (e.g. Q2_K, Q8_0) by llama.cpp's `llama-quantize`, built
+    once in llama-server's build tree (no llama-cpp-python venv needed): a lower-bit copy of a
+    model to draft for it, or a quantized benchmark file, cached as `target` (default
+    ~/.cache/axon-bench/<stem>-<ftype>.gguf). Tensors whose shape the type cannot hold get
     llama-quantize's own fallback type."""
-    target = CACHE / f"{model.stem}-{ftype}.gguf"
+    target = target or CACHE / f"{model.stem}-{ftype}.gguf"
     if target.exists():
         return target
     build_llama_server(jobs)
-    flags, suffix = cmake_flags()
-    build = CACHE / f"llama-server-src-{sdist_version(find_sdist())}" / f"build{suffix}"
+    build = server_build_dir()
     tool = build / "bin" / "llama-quantize"
     if not tool.exists():
+        flags, suffix = cmake_flags()
         log = CACHE / f"llama-quantize-{sdist_version(find_sdist())}{suffix}.log"
         cmake_build(None, build, flags, "llama-quantize", log, jobs)
     tmp = target.with_suffix(".tmp")

@@ -231,14 +231,12 @@ def model_path(name: str) -> Path:
     if name == "chat-demo":
         return chat_demo_model_path()
     if name.startswith("qwen3-"):
-        from gguf_vs_llamacpp import ensure_llamacpp, quantize
+        from llama_server import requantize
         from qwen3_gguf import write_qwen3_f16
 
         f16 = write_qwen3_f16(CACHE / "qwen3-1024x8-f16.gguf")
         kind = name.split("-", 1)[1].upper()
-        return quantize(
-            ensure_llamacpp(CACHE / "llamacpp-venv"), f16, CACHE / f"qwen3-1024x8-{kind}.gguf", kind
-        )
+        return requantize(f16, kind, CACHE / f"qwen3-1024x8-{kind}.gguf")
     return Path(name)
 
 

@@ -134,7 +134,10 @@ class ServerProcess:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            text=True,
+            # a peer logs raw token bytes: a strict decode would kill the reader, and the
+            # server would then block on a full pipe
+            encoding="utf-8",
+            errors="replace",
             start_new_session=True,
         )
         threading.Thread(target=self._read_log, daemon=True).start()

@@ -204,9 +204,9 @@ def compare(model: Path, binary: Path, args: argparse.Namespace) -> dict:
     metrics}}}, "runs": every run's, "notes": rows left out and why}."""
     draft = args.draft_model
     if args.draft_quant:
-        from llama_server import quantize_draft
+        from llama_server import requantize
 
-        draft = quantize_draft(model, args.draft_quant)
+        draft = requantize(model, args.draft_quant)
     llama_rows, notes = llama_variants(args, model, draft)
     variants = [
         v for v in axon_variants(args, draft) + llama_rows if v.name in args.only or not args.only
