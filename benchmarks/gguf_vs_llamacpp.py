@@ -10,10 +10,10 @@ embedding, of which it gathers one row per token) times decode tok/s.
 llama.cpp is llama-cpp-python's batched C API (benchmarks/llamacpp_worker.py) in --llamacpp-venv
 (default ~/.cache/axon-bench/llamacpp-venv). When it is missing, the venv gets the sdist's
 bindings on the libllama.so of llama-server's build tree if that exists (seconds), else the
-wheel built from the sdist (about 11 minutes on 2 cores, logged to <venv>.log). ik_llama.cpp, the second peer (--peers), runs the same
-worker on its own libllama.so and the ik-llama-cpp-python sdist's ctypes bindings, with its
-run-time repack (benchmarks/ik_llama.py builds it with its server). Each peer has its columns
-and a ratio row per axon variant.
+wheel built from the sdist (about 11 minutes on 2 cores, logged to <venv>.log). ik_llama.cpp,
+the second peer (--peers), runs the same worker on its own libllama.so and the
+ik-llama-cpp-python sdist's ctypes bindings, with its run-time repack (benchmarks/ik_llama.py
+builds it with its server). Each peer has its columns and a ratio row per axon variant.
 
     PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py                # the demo model
     PYTHONPATH=src python benchmarks/gguf_vs_llamacpp.py --qwen3        # + Qwen3-shaped Q8_0, Q4_K
