@@ -33,10 +33,11 @@
 #include <immintrin.h>
 #endif
 #include "axon_kernels.h"
+#include "k23_blocks.h"
 #include "k_scales.h"
 #include "work_shares.h"
 
-enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -96,7 +97,7 @@ INLINE f32x8 bytes8(const int8_t *p) {
 
 /* ---- the formats ------------------------------------------------------------------------ */
 
-INLINE int block_size(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : 32; }
+INLINE int block_size(int type) { return type == Q4_K || type == Q5_K || type == Q6_K || k23_is(type) ? 256 : 32; }
 
 INLINE int block_bytes(int type) {
     switch (type) {
@@ -105,6 +106,7 @@ INLINE int block_bytes(int type) {
     case Q5_0: return 22;
     case Q5_1: return 24;
     case Q8_0: return 34;
+    case Q2_K: case Q3_K: return k23_bytes(type);
     case F32: return 128; /* float32 rows, handled as blocks of 32 */
     case Q4_K: return 144;
     case Q5_K: return 176;
@@ -120,7 +122,7 @@ INLINE int scale_group(int type) { return type == Q6_K ? 16 : 32; }
 int axon_ggml_supported(int type) {
     switch (type) {
     case F32: case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q4_K: case Q5_K:
-    case Q6_K:
+    case Q6_K: case Q2_K: case Q3_K:
         return 1;
     default: return 0;
     }
@@ -791,6 +793,45 @@ ROWS_KERNEL(rows_q5_k, Q5_K)
 ROWS_KERNEL(rows_q6_k, Q6_K)
 ROWS_KERNEL(rows_f32, F32)
 
+/* Q2_K / Q3_K, rows [begin, end) for every token: each block of a row dequantized once into L1
+ * (gguf-py's numbers, k23_blocks.h) and multiplied there with every token, four 8-lane partial
+ * sums per token and block. Simpler than the other formats' register tiles: these two are
+ * rarely more than a few matrices of a model. */
+INLINE void rows_k23(const int type, const uint8_t *w, int64_t row_bytes, int64_t blocks,
+                     int64_t begin, int64_t end, const float *x, int64_t ldx, int64_t tokens,
+                     float *y, int64_t ldy) {
+    const int bytes = block_bytes(type);
+    const int64_t ahead = prefetch_distance(row_bytes); /* the same column, rows on */
+    float wk[256] __attribute__((aligned(32)));
+    f32x8 acc[MAX_TOKENS];
+    for (int64_t n = begin; n < end; n++) {
+        for (int64_t t = 0; t < tokens; t++) acc[t] = (f32x8){0};
+        for (int64_t k = 0; k < blocks; k++) {
+            const uint8_t *b = w + n * row_bytes + k * bytes;
+            prefetch_block(b, bytes, ahead);
+            k23_dequant(type, b, wk);
+            for (int64_t t = 0; t < tokens; t++) {
+                const float *xk = x + t * ldx + 256 * k;
+                f32x8 part[4] = {{0}};
+                for (int i = 0; i < 32; i++) part[i % 4] += load8(wk + 8 * i) * load8(xk + 8 * i);
+                acc[t] += (part[0] + part[1]) + (part[2] + part[3]);
+            }
+        }
+        for (int64_t t = 0; t < tokens; t++) y[t * ldy + n] = sum8(acc[t]);
+    }
+}
+
+#define ROWS_K23(name, TYPE)                                                                      \
+    static void name(const uint8_t *w, int64_t row_bytes, int64_t blocks, int64_t begin,         \
+                     int64_t end, const float *x, const Token *token, int64_t ldx, int64_t tokens, \
+                     float *y, int64_t ldy) {                                                     \
+        (void)token;                                                                              \
+        rows_k23(TYPE, w, row_bytes, blocks, begin, end, x, ldx, tokens, y, ldy);                \
+    }
+
+ROWS_K23(rows_q2_k, Q2_K)
+ROWS_K23(rows_q3_k, Q3_K)
+
 typedef void (*rows_fn)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *,
                         const Token *, int64_t, int64_t, float *, int64_t);
 
@@ -804,6 +845,8 @@ static rows_fn rows_kernel(int type) {
     case Q4_K: return rows_q4_k;
     case Q5_K: return rows_q5_k;
     case Q6_K: return rows_q6_k;
+    case Q2_K: return rows_q2_k;
+    case Q3_K: return rows_q3_k;
     case F32: return rows_f32;
     default: return 0;
     }
@@ -876,7 +919,7 @@ int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws
     Token token = {xsum, NULL, NULL, cols};
 #ifdef __AVX2__
     int k_quants = 0;
-    for (int p = 0; p < parts; p++) k_quants |= block_size(types[p]) == 256;
+    for (int p = 0; p < parts; p++) k_quants |= block_size(types[p]) == 256 && !k23_is(types[p]);
     const int64_t digit_bytes = k_quants && tokens % 4 == 1 ? 3 * cols : 1;
     int8_t digits[digit_bytes] __attribute__((aligned(64)));
     float dscale[cols / 256 + 1];
@@ -928,6 +971,9 @@ static void dequant_blocks(int type, const uint8_t *w, int64_t first, int64_t la
         DEQUANT_CASE(Q6_K)
         DEQUANT_CASE(F32)
 #undef DEQUANT_CASE
+    case Q2_K: case Q3_K:
+        for (int64_t k = first; k < last; k++) k23_dequant(type, w + k * bytes, out + (k - first) * B);
+        break;
     }
 }
 
