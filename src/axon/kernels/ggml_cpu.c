@@ -793,32 +793,97 @@ ROWS_KERNEL(rows_q5_k, Q5_K)
 ROWS_KERNEL(rows_q6_k, Q6_K)
 ROWS_KERNEL(rows_f32, F32)
 
-/* Q2_K / Q3_K, rows [begin, end) for every token: each block of a row dequantized once into L1
- * (gguf-py's numbers, k23_blocks.h) and multiplied there with every token, four 8-lane partial
- * sums per token and block. Simpler than the other formats' register tiles: these two are
- * rarely more than a few matrices of a model. */
+/* Q2_K / Q3_K, one token, one block: sum over its 256 weights (gguf-py's numbers, rebuilt in
+ * registers) times x, in 4 x 8 lanes. */
+INLINE f32x8 k23_block_dot(const int type, const uint8_t *b, const float *x) {
+#ifdef __AVX2__
+    float scale[16], min[16];
+    k23_scales(type, b, scale, min);
+    f32x8 part_sum[4] = {{0}};
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++) {
+            const __m256i codes = k23_codes32(type, b, h, s);
+            for (int part = 0; part < 4; part++) {
+                const int e = 128 * h + 32 * s + 8 * part;
+                const f32x8 w = (f32x8)k23_weights8(type, codes, part, scale, min, e / 16);
+                part_sum[part] += w * load8(x + e);
+            }
+        }
+    return (part_sum[0] + part_sum[1]) + (part_sum[2] + part_sum[3]);
+#else
+    float wk[256] __attribute__((aligned(32)));
+    k23_dequant(type, b, wk);
+    f32x8 sum = {0};
+    for (int i = 0; i < 32; i++) sum += load8(wk + 8 * i) * load8(x + 8 * i);
+    return sum;
+#endif
+}
+
+/* acc[t][r] += block k's weights wk[r] (R <= 2 rows, dequantized) times token t's x (TT <= 4):
+ * each weight vector loaded once for TT tokens, each x vector once for R rows. */
+INLINE void k23_tile(const float (*wk)[256], const int R, const float *x, int64_t ldx, const int TT,
+                     f32x8 (*acc)[2]) {
+    f32x8 sum[2][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) sum[r][t] = acc[t][r];
+    for (int i = 0; i < 32; i++) {
+        f32x8 wv[2];
+        for (int r = 0; r < R; r++) wv[r] = load8(wk[r] + 8 * i);
+        for (int t = 0; t < TT; t++) {
+            const f32x8 xv = load8(x + t * ldx + 8 * i);
+            for (int r = 0; r < R; r++) sum[r][t] += wv[r] * xv;
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) acc[t][r] = sum[r][t];
+}
+
+/* Rows n .. n + R - 1 (R <= 2) for every token: each block of the rows dequantized once into L1
+ * and multiplied there with the tokens, 4 at a time. */
+INLINE void k23_rows(const int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, int64_t n,
+                     const int R, const float *x, int64_t ldx, int64_t tokens, float *y, int64_t ldy) {
+    const int bytes = block_bytes(type);
+    const int64_t ahead = prefetch_distance(row_bytes); /* the same column, rows on */
+    float wk[2][256] __attribute__((aligned(32)));
+    f32x8 acc[MAX_TOKENS][2];
+    for (int64_t t = 0; t < tokens; t++) acc[t][0] = acc[t][1] = (f32x8){0};
+    for (int64_t k = 0; k < blocks; k++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = w + (n + r) * row_bytes + k * bytes;
+            prefetch_block(b, bytes, ahead);
+            k23_dequant(type, b, wk[r]);
+        }
+        const float *xk = x + 256 * k;
+        int64_t t = 0;
+        for (; t + 4 <= tokens; t += 4) k23_tile(wk, R, xk + t * ldx, ldx, 4, acc + t);
+        for (; t < tokens; t++) k23_tile(wk, R, xk + t * ldx, ldx, 1, acc + t);
+    }
+    for (int64_t t = 0; t < tokens; t++)
+        for (int r = 0; r < R; r++) y[t * ldy + n + r] = sum8(acc[t][r]);
+}
+
+/* Q2_K / Q3_K, rows [begin, end) for every token (k23_blocks.h): one token row by row, its
+ * weights rebuilt in registers; more tokens two rows at a time through L1. Simpler than the
+ * other formats' register tiles: these two are rarely more than a few matrices of a model. */
 INLINE void rows_k23(const int type, const uint8_t *w, int64_t row_bytes, int64_t blocks,
                      int64_t begin, int64_t end, const float *x, int64_t ldx, int64_t tokens,
                      float *y, int64_t ldy) {
-    const int bytes = block_bytes(type);
-    const int64_t ahead = prefetch_distance(row_bytes); /* the same column, rows on */
-    float wk[256] __attribute__((aligned(32)));
-    f32x8 acc[MAX_TOKENS];
-    for (int64_t n = begin; n < end; n++) {
-        for (int64_t t = 0; t < tokens; t++) acc[t] = (f32x8){0};
-        for (int64_t k = 0; k < blocks; k++) {
-            const uint8_t *b = w + n * row_bytes + k * bytes;
-            prefetch_block(b, bytes, ahead);
-            k23_dequant(type, b, wk);
-            for (int64_t t = 0; t < tokens; t++) {
-                const float *xk = x + t * ldx + 256 * k;
-                f32x8 part[4] = {{0}};
-                for (int i = 0; i < 32; i++) part[i % 4] += load8(wk + 8 * i) * load8(xk + 8 * i);
-                acc[t] += (part[0] + part[1]) + (part[2] + part[3]);
+    if (tokens == 1) {
+        const int bytes = block_bytes(type);
+        const int64_t ahead = prefetch_distance(row_bytes);
+        for (int64_t n = begin; n < end; n++) {
+            f32x8 acc = {0};
+            for (int64_t k = 0; k < blocks; k++) {
+                prefetch_block(w + n * row_bytes + k * bytes, bytes, ahead);
+                acc += k23_block_dot(type, w + n * row_bytes + k * bytes, x + 256 * k);
             }
+            y[n] = sum8(acc);
         }
-        for (int64_t t = 0; t < tokens; t++) y[t * ldy + n] = sum8(acc[t]);
+        return;
     }
+    int64_t n = begin;
+    for (; n + 2 <= end; n += 2) k23_rows(type, w, row_bytes, blocks, n, 2, x, ldx, tokens, y, ldy);
+    if (n < end) k23_rows(type, w, row_bytes, blocks, n, 1, x, ldx, tokens, y, ldy);
 }
 
 #define ROWS_K23(name, TYPE)                                                                      \

@@ -644,6 +644,53 @@ static inline void k_panel_scales(int type, const __m128i r[8], const Panel *p, 
     }
 }
 
+/* Q2_K / Q3_K: the panel's 8 rows' 16 multipliers (sc) and mins (mn) per block, each row's as
+ * 16 signed bytes, as k_block_scales writes them. */
+static inline void k23_panel_scales(const __m128i sc[8], const __m128i mn[8], const Panel *p, int64_t k) {
+    __m128i t[8], u[8];
+    transpose_8x16(sc, t);
+    transpose_8x16(mn, u);
+    for (int j = 0; j < 16; j++) {
+        const __m128i bytes = j & 1 ? _mm_srli_si128(t[j / 2], 8) : t[j / 2];
+        _mm256_store_si256((__m256i *)(p->scales + (16 * k + j) * PANEL), _mm256_cvtepi8_epi32(bytes));
+    }
+    for (int i = 0; i < 8; i++) { /* int16 pairs (min 2i, 2i + 1) per row */
+        const __m128i pair = _mm_unpacklo_epi8(u[i], _mm_srli_si128(u[i], 8));
+        _mm256_store_si256((__m256i *)(p->mins + (8 * k + i) * PANEL), _mm256_cvtepi8_epi16(pair));
+    }
+}
+
+/* Q2_K / Q3_K: 256 unsigned codes per row and block, taken apart where they lie (32 per row at
+ * a time) and interleaved in registers, the multipliers, d and dmin. */
+static void decode_panel_k23(int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
+                             const Panel *p, int64_t ahead) {
+    const int bytes = q8_bytes(type);
+    for (int64_t k = 0; k < blocks; k++) {
+        const uint8_t *b[8];
+        __m128i sc[8], mn[8];
+        Halves dh = {0, 0}, mh = {0, 0}; /* fp16 d and (Q2_K) dmin */
+        for (int i = 0; i < PANEL; i++) {
+            b[i] = i < count ? w + i * row_bytes + k * bytes : NULL;
+            sc[i] = mn[i] = _mm_setzero_si128();
+            if (!b[i]) continue;
+            if (ahead) prefetch_block_ahead(b[i], bytes, ahead * row_bytes);
+            k23_multipliers_vec(type, b[i], sc + i, mn + i);
+            halves_put(&dh, i, b[i] + k23_d_at(type));
+            if (type == Q2_K) halves_put(&mh, i, b[i] + 82);
+        }
+        k23_panel_scales(sc, mn, p, k);
+        const __m256 d = halves_ps(&dh);
+        _mm256_store_ps(p->d + PANEL * k, d);
+        _mm256_store_ps(p->dmin + PANEL * k, type == Q2_K ? halves_ps(&mh) : _mm256_mul_ps(d, _mm256_set1_ps(4.0f)));
+        for (int h = 0; h < 2; h++)
+            for (int s = 0; s < 4; s++) {
+                __m256i r[8];
+                for (int i = 0; i < PANEL; i++) r[i] = b[i] ? k23_codes32(type, b[i], h, s) : _mm256_setzero_si256();
+                store_chunks(r, p->codes + k * 256 * PANEL + 256 * (4 * h + s));
+            }
+    }
+}
+
 /* Q4_K / Q6_K: 256 unsigned codes per row and block, the multipliers, d and dmin. */
 static void decode_panel_k(int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
                            const Panel *p, int64_t ahead) {
@@ -724,6 +771,7 @@ NOINLINE void decode_panel(int type, const uint8_t *w, int64_t row_bytes, int co
 #ifdef __AVX2__
     if (type == Q8_0) return decode_panel_q8_0(w, row_bytes, count, blocks, p, ahead);
     if (type == Q4_K || type == Q6_K) return decode_panel_k(type, w, row_bytes, count, blocks, p, ahead);
+    if (k23_is(type)) return decode_panel_k23(type, w, row_bytes, count, blocks, p, ahead);
 #endif
     const int B = q8_block(type), bytes = q8_bytes(type);
     uint8_t rows[PANEL][256] __attribute__((aligned(64)));

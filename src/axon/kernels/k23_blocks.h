@@ -56,34 +56,6 @@ static inline void k23_multipliers(int type, const uint8_t *b, int8_t sc[16], in
     }
 }
 
-/* The 256 codes, unsigned (Q2_K 0..3, Q3_K 0..7). */
-static inline void k23_codes(int type, const uint8_t *b, uint8_t codes[256]) {
-    const uint8_t *qs = b + (type == K23_Q2_K ? 16 : 32);
-    for (int h = 0; h < 2; h++)
-        for (int s = 0; s < 4; s++)
-            for (int l = 0; l < 32; l++) {
-                int q = (qs[32 * h + l] >> (2 * s)) & 3;
-                if (type == K23_Q3_K) q |= ((b[l] >> (4 * h + s)) & 1) << 2;
-                codes[128 * h + 32 * s + l] = (uint8_t)q;
-            }
-}
-
-/* The block's 256 weights in float32, gguf-py's numbers. */
-static inline void k23_dequant(int type, const uint8_t *b, float out[256]) {
-    int8_t sc[16], mn[16];
-    uint8_t codes[256];
-    k23_multipliers(type, b, sc, mn);
-    k23_codes(type, b, codes);
-    const float d = k23_f16(b + k23_d_at(type)), dmin = type == K23_Q2_K ? k23_f16(b + 82) : 0.0f;
-    for (int j = 0; j < 16; j++) {
-        const float scale = d * (float)sc[j], min = dmin * (float)mn[j];
-        for (int i = 0; i < 16; i++) {
-            const int e = 16 * j + i;
-            out[e] = type == K23_Q2_K ? scale * (float)codes[e] - min : scale * (float)(codes[e] - 4);
-        }
-    }
-}
-
 #ifdef __AVX2__
 /* Codes 128 h + 32 s .. + 31 (sub-blocks 8 h + 2 s and 8 h + 2 s + 1), unsigned, from where they
  * lie. */
@@ -115,6 +87,79 @@ static inline void k23_multipliers_vec(int type, const uint8_t *b, __m128i *sc, 
                                      (int)(((aux[1] >> 4) & m4) | (((hi >> 6) & m2) << 4)));
     *sc = *mn = _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
+
+/* The 256 codes, unsigned (Q2_K 0..3, Q3_K 0..7). */
+static inline void k23_codes(int type, const uint8_t *b, uint8_t codes[256]) {
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++)
+            _mm256_storeu_si256((__m256i *)(codes + 128 * h + 32 * s), k23_codes32(type, b, h, s));
+}
+
+/* The block's float32 scale d sc and (Q2_K) min dmin mn of each sub-block. */
+static inline void k23_scales(int type, const uint8_t *b, float scale[16], float min[16]) {
+    __m128i sc8, mn8;
+    k23_multipliers_vec(type, b, &sc8, &mn8);
+    const __m256 d = _mm256_set1_ps(k23_f16(b + k23_d_at(type)));
+    const __m256 dmin = _mm256_set1_ps(type == K23_Q2_K ? k23_f16(b + 82) : 0.0f);
+    for (int half = 0; half < 2; half++) {
+        const __m128i at = half ? _mm_unpackhi_epi64(sc8, sc8) : sc8, mt = half ? _mm_unpackhi_epi64(mn8, mn8) : mn8;
+        _mm256_storeu_ps(scale + 8 * half, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(at))));
+        _mm256_storeu_ps(min + 8 * half, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(mt))));
+    }
+}
+
+/* Weights 8 part .. + 7 of the 32 whose codes are `codes` (k23_codes32 of h, s), in float32:
+ * scale * q - min (the product exact, one rounding) or, Q3_K, scale * (q - 4). */
+static inline __m256 k23_weights8(int type, __m256i codes, int part, const float *scale,
+                                  const float *min, int sub) {
+    __m128i half = part < 2 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
+    if (part & 1) half = _mm_unpackhi_epi64(half, half);
+    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(half)), sv = _mm256_broadcast_ss(scale + sub);
+    if (type == K23_Q2_K) return _mm256_fmsub_ps(sv, q, _mm256_broadcast_ss(min + sub));
+    return _mm256_mul_ps(sv, _mm256_sub_ps(q, _mm256_set1_ps(4.0f)));
+}
+
+/* The block's 256 weights in float32, gguf-py's numbers. */
+static inline void k23_dequant(int type, const uint8_t *b, float out[256]) {
+    float scale[16], min[16];
+    k23_scales(type, b, scale, min);
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++) {
+            const __m256i codes = k23_codes32(type, b, h, s);
+            for (int part = 0; part < 4; part++) /* 2 parts a sub-block */
+                _mm256_storeu_ps(out + 128 * h + 32 * s + 8 * part,
+                                 k23_weights8(type, codes, part, scale, min, 8 * h + 2 * s + part / 2));
+        }
+}
+#else
+/* The 256 codes, unsigned (Q2_K 0..3, Q3_K 0..7). */
+static inline void k23_codes(int type, const uint8_t *b, uint8_t codes[256]) {
+    const uint8_t *qs = b + (type == K23_Q2_K ? 16 : 32);
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++)
+            for (int l = 0; l < 32; l++) {
+                int q = (qs[32 * h + l] >> (2 * s)) & 3;
+                if (type == K23_Q3_K) q |= ((b[l] >> (4 * h + s)) & 1) << 2;
+                codes[128 * h + 32 * s + l] = (uint8_t)q;
+            }
+}
+
+/* The block's 256 weights in float32, gguf-py's numbers. */
+static inline void k23_dequant(int type, const uint8_t *b, float out[256]) {
+    int8_t sc[16], mn[16];
+    uint8_t codes[256];
+    k23_multipliers(type, b, sc, mn);
+    k23_codes(type, b, codes);
+    const float d = k23_f16(b + k23_d_at(type)), dmin = type == K23_Q2_K ? k23_f16(b + 82) : 0.0f;
+    for (int j = 0; j < 16; j++) {
+        const float scale = d * (float)sc[j], min = dmin * (float)mn[j];
+        for (int i = 0; i < 16; i++) {
+            const int e = 16 * j + i;
+            out[e] = type == K23_Q2_K ? scale * (float)codes[e] - min : scale * (float)(codes[e] - 4);
+        }
+    }
+}
+
 #endif
 
 #endif
