@@ -20,7 +20,7 @@ from axon.layers.quantized import QuantizedMatmul, QuantizedTensor, matmul_ref
 from quant.test_dequant import COLS, FAST_PATH_RTOL, ROWS, _raw
 
 pytestmark = pytest.mark.skipif(not ggml_cpu.available(), reason="no C compiler")
-C_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+C_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 FP32_RTOL = 1e-5
 
 

@@ -21,7 +21,7 @@ from quant.gguf_files import build_gguf_model, write_gguf
 from quant.test_dequant import COLS, ROWS, _raw
 
 pytestmark = pytest.mark.skipif(not ggml_cpu.available(), reason="no C compiler")
-TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 def _raw_tensor(qtype: Q, seed: int = 7) -> torch.Tensor:

@@ -42,9 +42,10 @@ SOURCES = tuple(
     for name in ("ggml_cpu.c", "ggml_q8.c", "cpu_ops.c", "cpu_layer.c", "cpu_moe.c", "layout.c")
 )
 # included by the sources: in the key. axon_kernels.h is the interface (kernels/abi.py its
-# Python side); the other two are helpers of the matmul files.
+# Python side); the others are helpers of the matmul files.
 HEADERS = tuple(
-    Path(__file__).with_name(name) for name in ("axon_kernels.h", "work_shares.h", "k_scales.h")
+    Path(__file__).with_name(name)
+    for name in ("axon_kernels.h", "work_shares.h", "k_scales.h", "k23_blocks.h")
 )
 
 

@@ -33,10 +33,11 @@
 #include <immintrin.h>
 #endif
 #include "axon_kernels.h"
+#include "k23_blocks.h"
 #include "k_scales.h"
 #include "work_shares.h"
 
-enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -96,7 +97,7 @@ INLINE f32x8 bytes8(const int8_t *p) {
 
 /* ---- the formats ------------------------------------------------------------------------ */
 
-INLINE int block_size(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : 32; }
+INLINE int block_size(int type) { return type == Q4_K || type == Q5_K || type == Q6_K || k23_is(type) ? 256 : 32; }
 
 INLINE int block_bytes(int type) {
     switch (type) {
@@ -105,6 +106,7 @@ INLINE int block_bytes(int type) {
     case Q5_0: return 22;
     case Q5_1: return 24;
     case Q8_0: return 34;
+    case Q2_K: case Q3_K: return k23_bytes(type);
     case F32: return 128; /* float32 rows, handled as blocks of 32 */
     case Q4_K: return 144;
     case Q5_K: return 176;
@@ -120,7 +122,7 @@ INLINE int scale_group(int type) { return type == Q6_K ? 16 : 32; }
 int axon_ggml_supported(int type) {
     switch (type) {
     case F32: case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: case Q4_K: case Q5_K:
-    case Q6_K:
+    case Q6_K: case Q2_K: case Q3_K:
         return 1;
     default: return 0;
     }
@@ -791,6 +793,110 @@ ROWS_KERNEL(rows_q5_k, Q5_K)
 ROWS_KERNEL(rows_q6_k, Q6_K)
 ROWS_KERNEL(rows_f32, F32)
 
+/* Q2_K / Q3_K, one token, one block: sum over its 256 weights (gguf-py's numbers, rebuilt in
+ * registers) times x, in 4 x 8 lanes. */
+INLINE f32x8 k23_block_dot(const int type, const uint8_t *b, const float *x) {
+#ifdef __AVX2__
+    float scale[16], min[16];
+    k23_scales(type, b, scale, min);
+    f32x8 part_sum[4] = {{0}};
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++) {
+            const __m256i codes = k23_codes32(type, b, h, s);
+            for (int part = 0; part < 4; part++) {
+                const int e = 128 * h + 32 * s + 8 * part;
+                const f32x8 w = (f32x8)k23_weights8(type, codes, part, scale, min, e / 16);
+                part_sum[part] += w * load8(x + e);
+            }
+        }
+    return (part_sum[0] + part_sum[1]) + (part_sum[2] + part_sum[3]);
+#else
+    float wk[256] __attribute__((aligned(32)));
+    k23_dequant(type, b, wk);
+    f32x8 sum = {0};
+    for (int i = 0; i < 32; i++) sum += load8(wk + 8 * i) * load8(x + 8 * i);
+    return sum;
+#endif
+}
+
+/* acc[t][r] += block k's weights wk[r] (R <= 2 rows, dequantized) times token t's x (TT <= 4):
+ * each weight vector loaded once for TT tokens, each x vector once for R rows. */
+INLINE void k23_tile(const float (*wk)[256], const int R, const float *x, int64_t ldx, const int TT,
+                     f32x8 (*acc)[2]) {
+    f32x8 sum[2][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) sum[r][t] = acc[t][r];
+    for (int i = 0; i < 32; i++) {
+        f32x8 wv[2];
+        for (int r = 0; r < R; r++) wv[r] = load8(wk[r] + 8 * i);
+        for (int t = 0; t < TT; t++) {
+            const f32x8 xv = load8(x + t * ldx + 8 * i);
+            for (int r = 0; r < R; r++) sum[r][t] += wv[r] * xv;
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) acc[t][r] = sum[r][t];
+}
+
+/* Rows n .. n + R - 1 (R <= 2) for every token: each block of the rows dequantized once into L1
+ * and multiplied there with the tokens, 4 at a time. */
+INLINE void k23_rows(const int type, const uint8_t *w, int64_t row_bytes, int64_t blocks, int64_t n,
+                     const int R, const float *x, int64_t ldx, int64_t tokens, float *y, int64_t ldy) {
+    const int bytes = block_bytes(type);
+    const int64_t ahead = prefetch_distance(row_bytes); /* the same column, rows on */
+    float wk[2][256] __attribute__((aligned(32)));
+    f32x8 acc[MAX_TOKENS][2];
+    for (int64_t t = 0; t < tokens; t++) acc[t][0] = acc[t][1] = (f32x8){0};
+    for (int64_t k = 0; k < blocks; k++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = w + (n + r) * row_bytes + k * bytes;
+            prefetch_block(b, bytes, ahead);
+            k23_dequant(type, b, wk[r]);
+        }
+        const float *xk = x + 256 * k;
+        int64_t t = 0;
+        for (; t + 4 <= tokens; t += 4) k23_tile(wk, R, xk + t * ldx, ldx, 4, acc + t);
+        for (; t < tokens; t++) k23_tile(wk, R, xk + t * ldx, ldx, 1, acc + t);
+    }
+    for (int64_t t = 0; t < tokens; t++)
+        for (int r = 0; r < R; r++) y[t * ldy + n + r] = sum8(acc[t][r]);
+}
+
+/* Q2_K / Q3_K, rows [begin, end) for every token (k23_blocks.h): one token row by row, its
+ * weights rebuilt in registers; more tokens two rows at a time through L1. Simpler than the
+ * other formats' register tiles: these two are rarely more than a few matrices of a model. */
+INLINE void rows_k23(const int type, const uint8_t *w, int64_t row_bytes, int64_t blocks,
+                     int64_t begin, int64_t end, const float *x, int64_t ldx, int64_t tokens,
+                     float *y, int64_t ldy) {
+    if (tokens == 1) {
+        const int bytes = block_bytes(type);
+        const int64_t ahead = prefetch_distance(row_bytes);
+        for (int64_t n = begin; n < end; n++) {
+            f32x8 acc = {0};
+            for (int64_t k = 0; k < blocks; k++) {
+                prefetch_block(w + n * row_bytes + k * bytes, bytes, ahead);
+                acc += k23_block_dot(type, w + n * row_bytes + k * bytes, x + 256 * k);
+            }
+            y[n] = sum8(acc);
+        }
+        return;
+    }
+    int64_t n = begin;
+    for (; n + 2 <= end; n += 2) k23_rows(type, w, row_bytes, blocks, n, 2, x, ldx, tokens, y, ldy);
+    if (n < end) k23_rows(type, w, row_bytes, blocks, n, 1, x, ldx, tokens, y, ldy);
+}
+
+#define ROWS_K23(name, TYPE)                                                                      \
+    static void name(const uint8_t *w, int64_t row_bytes, int64_t blocks, int64_t begin,         \
+                     int64_t end, const float *x, const Token *token, int64_t ldx, int64_t tokens, \
+                     float *y, int64_t ldy) {                                                     \
+        (void)token;                                                                              \
+        rows_k23(TYPE, w, row_bytes, blocks, begin, end, x, ldx, tokens, y, ldy);                \
+    }
+
+ROWS_K23(rows_q2_k, Q2_K)
+ROWS_K23(rows_q3_k, Q3_K)
+
 typedef void (*rows_fn)(const uint8_t *, int64_t, int64_t, int64_t, int64_t, const float *,
                         const Token *, int64_t, int64_t, float *, int64_t);
 
@@ -804,6 +910,8 @@ static rows_fn rows_kernel(int type) {
     case Q4_K: return rows_q4_k;
     case Q5_K: return rows_q5_k;
     case Q6_K: return rows_q6_k;
+    case Q2_K: return rows_q2_k;
+    case Q3_K: return rows_q3_k;
     case F32: return rows_f32;
     default: return 0;
     }
@@ -876,7 +984,7 @@ int axon_ggml_matmul_parts(int parts, const int *types, const uint8_t *const *ws
     Token token = {xsum, NULL, NULL, cols};
 #ifdef __AVX2__
     int k_quants = 0;
-    for (int p = 0; p < parts; p++) k_quants |= block_size(types[p]) == 256;
+    for (int p = 0; p < parts; p++) k_quants |= block_size(types[p]) == 256 && !k23_is(types[p]);
     const int64_t digit_bytes = k_quants && tokens % 4 == 1 ? 3 * cols : 1;
     int8_t digits[digit_bytes] __attribute__((aligned(64)));
     float dscale[cols / 256 + 1];
@@ -928,6 +1036,9 @@ static void dequant_blocks(int type, const uint8_t *w, int64_t first, int64_t la
         DEQUANT_CASE(Q6_K)
         DEQUANT_CASE(F32)
 #undef DEQUANT_CASE
+    case Q2_K: case Q3_K:
+        for (int64_t k = first; k < last; k++) k23_dequant(type, w + k * bytes, out + (k - first) * B);
+        break;
     }
 }
 

@@ -49,13 +49,14 @@
 #include <immintrin.h>
 #endif
 #include "axon_kernels.h"
+#include "k23_blocks.h"
 #include "k_scales.h"
 #include "work_shares.h"
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define Q8_VNNI 1
 #endif
 
-enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 /* Not GGML types: Q4_K and Q6_K repacked at load (axon_q8_pack) into the tiles' units of 16
  * rows, 2 panels of 8 (rows past the end zero), which the tiles read where they lie. A unit's
  * block is one run of bytes, after the unit's previous block, and every 64 bytes of codes hold
@@ -139,13 +140,16 @@ static float f16(const uint8_t *p) {
     return (float)h;
 }
 
-static int is_k(int type) { return type == Q4_K || type == Q5_K || type == Q6_K || packed_from(type); }
+static int is_k(int type) { return type == Q4_K || type == Q5_K || type == Q6_K || k23_is(type) || packed_from(type); }
+
+/* K-quants with a multiplier per 16 values (Q6_K, Q2_K, Q3_K; the others per 32). */
+static int subs16(int type) { return type == Q6_K || k23_is(type); }
 
 /* Values per weight block (0: not handled here), and the block's bytes. */
 static int q8_block(int type) {
     switch (type) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
-    case Q4_K: case Q5_K: case Q6_K: case Q4_K_PANELS: case Q6_K_PANELS: return 256;
+    case Q2_K: case Q3_K: case Q4_K: case Q5_K: case Q6_K: case Q4_K_PANELS: case Q6_K_PANELS: return 256;
     default: return 0;
     }
 }
@@ -157,6 +161,7 @@ static int q8_bytes(int type) {
     case Q5_0: return 22;
     case Q5_1: return 24;
     case Q8_0: return 34;
+    case Q2_K: case Q3_K: return k23_bytes(type);
     case Q4_K: return 144;
     case Q4_K_PANELS: case Q6_K_PANELS: return PACKED_UNIT(pk_of(type)); /* per 16 rows */
     case Q5_K: return 176;
@@ -353,6 +358,7 @@ static void k45_scales_mins(const uint8_t *b, uint32_t u[4]) {
 
 /* The 256 codes of a K-quant block, unsigned (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63). */
 static void k_codes(int type, const uint8_t *b, uint8_t *codes) {
+    if (k23_is(type)) return k23_codes(type, b, codes);
 #ifdef __AVX2__
     const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     if (type == Q6_K) {
@@ -448,6 +454,14 @@ static int32_t int16_pair(int lo, int hi) { return (int32_t)((uint16_t)lo | ((ui
 
 /* Row r's multipliers of K-quant block k (b): sub-block scales, bsum multipliers, d, dmin. */
 static void k_block_scales(int type, const uint8_t *b, const Panel *p, int64_t k, int r) {
+    if (k23_is(type)) {
+        int8_t sc[16], mn[16];
+        k23_multipliers(type, b, sc, mn);
+        for (int i = 0; i < 16; i++) p->scales[(16 * k + i) * PANEL + r] = sc[i];
+        for (int i = 0; i < 8; i++) p->mins[(8 * k + i) * PANEL + r] = int16_pair(mn[2 * i], mn[2 * i + 1]);
+        p->d[PANEL * k + r] = f16(b + k23_d_at(type)), p->dmin[PANEL * k + r] = k23_dmin(type, b);
+        return;
+    }
     if (type == Q6_K) {
         const int8_t *sc = (const int8_t *)(b + 192);
         for (int i = 0; i < 16; i++) p->scales[(16 * k + i) * PANEL + r] = sc[i];
@@ -630,6 +644,53 @@ static inline void k_panel_scales(int type, const __m128i r[8], const Panel *p, 
     }
 }
 
+/* Q2_K / Q3_K: the panel's 8 rows' 16 multipliers (sc) and mins (mn) per block, each row's as
+ * 16 signed bytes, as k_block_scales writes them. */
+static inline void k23_panel_scales(const __m128i sc[8], const __m128i mn[8], const Panel *p, int64_t k) {
+    __m128i t[8], u[8];
+    transpose_8x16(sc, t);
+    transpose_8x16(mn, u);
+    for (int j = 0; j < 16; j++) {
+        const __m128i bytes = j & 1 ? _mm_srli_si128(t[j / 2], 8) : t[j / 2];
+        _mm256_store_si256((__m256i *)(p->scales + (16 * k + j) * PANEL), _mm256_cvtepi8_epi32(bytes));
+    }
+    for (int i = 0; i < 8; i++) { /* int16 pairs (min 2i, 2i + 1) per row */
+        const __m128i pair = _mm_unpacklo_epi8(u[i], _mm_srli_si128(u[i], 8));
+        _mm256_store_si256((__m256i *)(p->mins + (8 * k + i) * PANEL), _mm256_cvtepi8_epi16(pair));
+    }
+}
+
+/* Q2_K / Q3_K: 256 unsigned codes per row and block, taken apart where they lie (32 per row at
+ * a time) and interleaved in registers, the multipliers, d and dmin. */
+static void decode_panel_k23(int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
+                             const Panel *p, int64_t ahead) {
+    const int bytes = q8_bytes(type);
+    for (int64_t k = 0; k < blocks; k++) {
+        const uint8_t *b[8];
+        __m128i sc[8], mn[8];
+        Halves dh = {0, 0}, mh = {0, 0}; /* fp16 d and (Q2_K) dmin */
+        for (int i = 0; i < PANEL; i++) {
+            b[i] = i < count ? w + i * row_bytes + k * bytes : NULL;
+            sc[i] = mn[i] = _mm_setzero_si128();
+            if (!b[i]) continue;
+            if (ahead) prefetch_block_ahead(b[i], bytes, ahead * row_bytes);
+            k23_multipliers_vec(type, b[i], sc + i, mn + i);
+            halves_put(&dh, i, b[i] + k23_d_at(type));
+            if (type == Q2_K) halves_put(&mh, i, b[i] + 82);
+        }
+        k23_panel_scales(sc, mn, p, k);
+        const __m256 d = halves_ps(&dh);
+        _mm256_store_ps(p->d + PANEL * k, d);
+        _mm256_store_ps(p->dmin + PANEL * k, type == Q2_K ? halves_ps(&mh) : _mm256_mul_ps(d, _mm256_set1_ps(4.0f)));
+        for (int h = 0; h < 2; h++)
+            for (int s = 0; s < 4; s++) {
+                __m256i r[8];
+                for (int i = 0; i < PANEL; i++) r[i] = b[i] ? k23_codes32(type, b[i], h, s) : _mm256_setzero_si256();
+                store_chunks(r, p->codes + k * 256 * PANEL + 256 * (4 * h + s));
+            }
+    }
+}
+
 /* Q4_K / Q6_K: 256 unsigned codes per row and block, the multipliers, d and dmin. */
 static void decode_panel_k(int type, const uint8_t *w, int64_t row_bytes, int count, int64_t blocks,
                            const Panel *p, int64_t ahead) {
@@ -710,6 +771,7 @@ NOINLINE void decode_panel(int type, const uint8_t *w, int64_t row_bytes, int co
 #ifdef __AVX2__
     if (type == Q8_0) return decode_panel_q8_0(w, row_bytes, count, blocks, p, ahead);
     if (type == Q4_K || type == Q6_K) return decode_panel_k(type, w, row_bytes, count, blocks, p, ahead);
+    if (k23_is(type)) return decode_panel_k23(type, w, row_bytes, count, blocks, p, ahead);
 #endif
     const int B = q8_block(type), bytes = q8_bytes(type);
     uint8_t rows[PANEL][256] __attribute__((aligned(64)));
@@ -1207,7 +1269,7 @@ static const tile_fn TILES[6][UNIT][TILE] = {
 
 static int kind_of(int type) {
     if (packed_from(type)) return type == Q4_K_PANELS ? KIND_P4 : KIND_P6; /* read in place */
-    return type == Q6_K ? KIND_K4 : is_k(type) ? KIND_K8 : type == Q8_0 ? KIND_SIGNED : KIND_BIASED;
+    return subs16(type) ? KIND_K4 : is_k(type) ? KIND_K8 : type == Q8_0 ? KIND_SIGNED : KIND_BIASED;
 }
 
 /* ---- one token: 8 rows at a time straight from the weight blocks ------------------------- */
@@ -1276,6 +1338,40 @@ static inline void row_k6(const uint8_t *b, const __m256i *q, __m256i bsums, __m
     *isum = sum;
 }
 
+/* Q2_K / Q3_K block b times the token's block: row_k6's steps with 2- and 3-bit codes, and the
+ * mins apart from the multipliers (Q3_K: the same). */
+static inline void row_k23(const int type, const uint8_t *b, const __m256i *q, __m256i bsums,
+                           __m256i *isum, __m256i *msum) {
+    __m128i sc, mn;
+    k23_multipliers_vec(type, b, &sc, &mn);
+    *msum = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mn), bsums);
+    const __m128i odd_even = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i split = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, odd_even));
+    __m256i sum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++) {
+            const __m256i products = _mm256_maddubs_epi16(k23_codes32(type, b, h, s), q[4 * h + s]);
+            sum = dot_pairs(sum, products, pick16(split, 4 * h + s));
+        }
+    *isum = sum;
+}
+
+/* A K-quant block times the token's block (bsums: its 16 sums per 16): the partial sums of
+ * isum and msum. */
+static inline void row_kq(const int type, const uint8_t *b, const __m256i *q, __m256i bsums,
+                          __m256i *isum, __m256i *msum) {
+    if (type == Q6_K)
+        row_k6(b, q, bsums, isum, msum);
+    else if (k23_is(type))
+        row_k23(type, b, q, bsums, isum, msum);
+    else
+        row_k45(type, b, q, _mm256_madd_epi16(bsums, _mm256_set1_epi16(1)), isum, msum);
+}
+
+/* Where a K-quant block's fp16 d lies, and dmin's factor of d (0: dmin is the fp16 after d). */
+static inline int k_d_at(int type) { return type == Q6_K ? 208 : k23_is(type) ? k23_d_at(type) : 0; }
+static inline float k_dmin_of_d(int type) { return type == Q6_K ? 32.0f : k23_is(type) ? k23_dmin_of_d(type) : 0.0f; }
+
 /* Every cache line of the block at b, the same column a few octets on (>= 16 KiB ahead): one
  * token does little arithmetic per byte, and the out-of-order window alone keeps too few
  * misses in flight (ggml_cpu.c's batch-1 loops measured the same). */
@@ -1300,18 +1396,15 @@ INLINE void gemv_k(const int type, const uint8_t *w, int64_t row_bytes, int coun
         __m256i q[8], isum[PANEL], msum[PANEL];
         for (int i = 0; i < 8; i++) q[i] = _mm256_loadu_si256((const __m256i *)(x->q + 256 * k + 32 * i));
         const __m256i bsums = _mm256_loadu_si256((const __m256i *)((const int16_t *)x->sums + 16 * k));
-        const __m256i b32 = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
         const uint8_t *b[PANEL];
         for (int r = 0; r < PANEL; r++) {
             b[r] = w + (r < count ? r : count - 1) * row_bytes + k * bytes;
             prefetch_ahead(b[r], bytes, row_bytes);
-            if (type == Q6_K)
-                row_k6(b[r], q, bsums, isum + r, msum + r);
-            else
-                row_k45(type, b[r], q, b32, isum + r, msum + r);
+            row_kq(type, b[r], q, bsums, isum + r, msum + r);
         }
-        const __m256 d = f16_lanes(b, type == Q6_K ? 208 : 0);
-        const __m256 dmin = type == Q6_K ? _mm256_mul_ps(d, _mm256_set1_ps(32.0f)) : f16_lanes(b, 2);
+        const __m256 d = f16_lanes(b, k_d_at(type));
+        const __m256 dmin = k_dmin_of_d(type) ? _mm256_mul_ps(d, _mm256_set1_ps(k_dmin_of_d(type)))
+                                              : f16_lanes(b, k_d_at(type) + 2);
         const __m256 dx = _mm256_set1_ps(x->d[k]);
         const __m256 dd = _mm256_mul_ps(d, dx), dm = _mm256_mul_ps(dmin, dx);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum)), dd, acc);
@@ -1336,21 +1429,18 @@ INLINE void gemv_k_rows(const int type, const uint8_t *w, int64_t row_bytes, int
                 continue;
             }
             for (int line = 0; SEQ_PREFETCH && line < bytes; line += 64) PREFETCH_L2(b + SEQ_PREFETCH + line);
-            memcpy(&dh[k][r], b + (type == Q6_K ? 208 : 0), 2);
-            if (type != Q6_K) memcpy(&mh[k][r], b + 2, 2);
+            memcpy(&dh[k][r], b + k_d_at(type), 2);
+            if (!k_dmin_of_d(type)) memcpy(&mh[k][r], b + k_d_at(type) + 2, 2);
             __m256i q[8];
             for (int i = 0; i < 8; i++) q[i] = _mm256_loadu_si256((const __m256i *)(x->q + 256 * k + 32 * i));
             const __m256i bsums = _mm256_loadu_si256((const __m256i *)((const int16_t *)x->sums + 16 * k));
-            if (type == Q6_K)
-                row_k6(b, q, bsums, &isum[k][r], &msum[k][r]);
-            else
-                row_k45(type, b, q, _mm256_madd_epi16(bsums, _mm256_set1_epi16(1)), &isum[k][r], &msum[k][r]);
+            row_kq(type, b, q, bsums, &isum[k][r], &msum[k][r]);
         }
     __m256 acc = _mm256_setzero_ps();
     for (int64_t k = 0; k < blocks; k++) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh[k]));
-        const __m256 dmin = type == Q6_K ? _mm256_mul_ps(d, _mm256_set1_ps(32.0f))
-                                         : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh[k]));
+        const __m256 dmin = k_dmin_of_d(type) ? _mm256_mul_ps(d, _mm256_set1_ps(k_dmin_of_d(type)))
+                                              : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh[k]));
         const __m256 dx = _mm256_set1_ps(x->d[k]);
         const __m256 dd = _mm256_mul_ps(d, dx), dm = _mm256_mul_ps(dmin, dx);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(isum[k])), dd, acc);
@@ -1446,7 +1536,7 @@ INLINE void gemv_32_tokens(const int type, const uint8_t *w, int64_t row_bytes, 
         else                                                                                      \
             body(T, w, row_bytes, count, blocks, x, y);                                           \
     }
-GEMV_FN(Q4_K, gemv_k) GEMV_FN(Q5_K, gemv_k) GEMV_FN(Q6_K, gemv_k)
+GEMV_FN(Q4_K, gemv_k) GEMV_FN(Q5_K, gemv_k) GEMV_FN(Q6_K, gemv_k) GEMV_FN(Q2_K, gemv_k) GEMV_FN(Q3_K, gemv_k)
 /* Legacy rows of any length 8 side by side: row after row with their sums kept is slower, from
  * memory and from cache. */
 #define GEMV32_FN(T)                                                                              \
@@ -1478,6 +1568,8 @@ static gemv_fn gemv_of(int type) {
     case Q4_K: return gemv_Q4_K;
     case Q5_K: return gemv_Q5_K;
     case Q6_K: return gemv_Q6_K;
+    case Q2_K: return gemv_Q2_K;
+    case Q3_K: return gemv_Q3_K;
     case Q4_0: return gemv_Q4_0;
     case Q4_1: return gemv_Q4_1;
     case Q5_0: return gemv_Q5_0;

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # bytes a block of 16 rows takes (16 x 144 and 16 x 210 in the GGUF).
 Q4_K_PANELS, Q6_K_PANELS = 112, 114
 PACKED = {12: (Q4_K_PANELS, 2432), 14: (Q6_K_PANELS, 3392)}
-K_TYPES = (12, 13, 14, Q4_K_PANELS, Q6_K_PANELS)  # Q8_K activations; the others Q8_0 / Q8_1
+K_TYPES = (10, 11, 12, 13, 14, Q4_K_PANELS, Q6_K_PANELS)  # Q8_K activations; others Q8_0 / Q8_1
 
 
 def supports(ggml_types) -> bool:

@@ -3,13 +3,15 @@
 `QuantizedTensor` is what the GGUF loader yields for a weight that stays quantized. A layer that
 receives one builds a `QuantizedMatmul`, which picks the kernel for the format:
 
-- ggml:    Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K read in place from the GGUF bytes with float32
-           activations by a small C kernel (kernels/ggml_cpu.py): no second copy, and the same
-           float32 math as transformers on the dequantized weights;
+- ggml:    Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K read in place from the GGUF bytes
+           with float32 activations by a small C kernel (kernels/ggml_cpu.py): no second copy,
+           and the same float32 math as transformers on the dequantized weights (or with 8-bit
+           activations, kernels/ggml_q8.py, when the model runs activation_precision="int8");
 - int4:    the same formats through torch's int4 weight-only kernel with bf16 activations, where
            the C kernel cannot be built (no C compiler; see kernels/ggml_int4.py);
 - dense:   F16 / BF16 kept in their own dtype, activations cast to it;
-- dequant: any other supported format (Q2_K, Q3_K), dequantized on every call: correct, slow.
+- dequant: any other supported format (Q2_K, Q3_K where the C kernel cannot be built),
+           dequantized on every call: correct, slow.
 
 Every path has the same reference twin: `F.linear(x, qt.dequantize())`.
 """
