@@ -1,10 +1,12 @@
 """The adaptive rule of speculation: a sequence whose drafts are rejected pauses, twice as long
-after each failure in a row, and a draft that pays again ends the backoff."""
+after each failure in a row, and a draft that pays again ends the backoff; the n-gram drafter
+cuts its drafts to the positions whose measured rate pays for their verify rows."""
 
 from __future__ import annotations
 
 import time
 
+from axon.engine.drafter_ngram import MatchRates, NgramDrafter
 from axon.engine.speculation import Speculator, min_acceptance
 from axon.sampling_params import SamplingParams
 from axon.sequence import Sequence
@@ -94,3 +96,58 @@ def test_a_drafter_slower_than_the_step_stops_drafting_though_its_drafts_are_rig
     pinned = Speculator(spec, SlowDrafter(), max_model_len=100_000)
     pinned.row_cost = 0.0
     assert len(_timed_steps(pinned, _decoding_sequence(), 20)) == 20
+
+
+def _ngram_sequence(tokens: list[int]) -> Sequence:
+    return Sequence("r", tokens, SamplingParams(temperature=0.0, max_tokens=10_000))
+
+
+def test_match_rates_count_each_position_until_the_first_wrong_token():
+    rates = MatchRates(range(2, 4))
+    rates.observe(2, drafted=4, correct=1)
+    assert [rates.rate(2, i) for i in range(4)] == [1.0, 0.0, 0.0, 0.0]
+    rates.observe(2, drafted=4, correct=3)
+    assert [rates.rate(2, i) for i in range(4)] == [1.0, 0.5, 0.5, 0.0]
+    assert rates.rate(3, 0) == 1.0  # nothing seen of length 3: optimistic
+    assert rates.cut(2, [5, 6, 7, 8], required=0.5) == [5, 6, 7]
+    assert rates.cut(2, [5, 6, 7, 8], required=0.6) == [5]
+    assert rates.cut(2, [5, 6, 7, 8], required=0.0) == [5, 6, 7, 8]
+
+
+def test_the_ngram_drafter_checks_its_lookups_against_the_tokens_that_followed():
+    drafter = NgramDrafter(2, 2)
+    seq = _ngram_sequence([1, 2, 3, 4, 9, 1, 2])  # [1, 2] was followed by 3, 4, 9
+    assert drafter.propose([seq], [3]) == [[3, 4, 9]]
+    # One token a step, as a sequence that did not draft gets them: the lookup stays open
+    # while its tokens come true, and counts when the third is wrong.
+    for token in (3, 4):
+        seq.append_token(token)
+        drafter.propose([seq], [0])
+        assert drafter.rates.rate(2, 0) == 1.0 and not drafter.rates._counts[2]
+    seq.append_token(5)
+    drafter.propose([seq], [0])
+    assert [drafter.rates.rate(2, i) for i in range(3)] == [1.0, 1.0, 0.0]
+
+
+def test_the_ngram_drafter_cuts_drafts_to_the_positions_that_pay():
+    drafter = NgramDrafter(2, 2)
+    drafter.rates.observe(2, drafted=3, correct=1)  # the first token right, the rest wrong
+    seq = _ngram_sequence([1, 2, 3, 4, 9, 1, 2])
+    drafter.required = 0.5
+    assert drafter.propose([seq], [3]) == [[3]]
+    drafter.required = 1.5  # nothing pays (a drafter slower than a step)
+    assert drafter.propose([seq], [3]) == [[]]
+    drafter.required = 0.0
+    assert drafter.propose([seq], [3]) == [[3, 4, 9]]
+
+
+def test_the_speculator_tells_the_drafter_the_acceptance_a_draft_needs():
+    spec = parse({"method": "ngram", "num_speculative_tokens": 4})
+    drafter = NgramDrafter(2, 4)
+    speculator = Speculator(spec, drafter, max_model_len=100_000)
+    running = [_decoding_sequence() for _ in range(4)]
+    speculator.propose(running)
+    assert drafter.required == min_acceptance(4, speculator.row_cost)
+    speculator.row_cost = 0.0  # pinned (the engine tests): every draft pays, nothing is cut
+    speculator.propose(running)
+    assert drafter.required == 0.0

@@ -5,6 +5,15 @@ in its prompt or output proposes the tokens that followed its first occurrence. 
 keeps an index, per length n, from every n-gram seen to the position right after its first
 occurrence, extended by the tokens appended since the last call: a step costs
 O((max_n - min_n + 1) * new tokens) dictionary operations, never a scan of the whole sequence.
+
+How far to trust a match: a long match (n = max_n) in text that repeats its prompt is right
+nine times in ten, a two-token match in free text one time in eight past its first token. The
+drafter measures, per match length n and draft position i, how often the first i + 1 tokens of
+its lookups came true (`MatchRates`): every lookup it makes is checked against the tokens the
+sequence then gets, whether or not its drafts were verified, so the measuring costs no verify
+rows. A draft is cut before the first position whose rate is below `required` (the acceptance
+a draft token needs to pay for its verify row, which the engine sets each step: see
+engine/speculation.py); with `required` 0 nothing is cut.
 """
 
 from __future__ import annotations
@@ -13,15 +22,50 @@ from collections.abc import Iterable
 
 from axon.sequence import Sequence
 
+_RATE_WEIGHT = 0.02  # of the newest lookup in a rate, once 50 came in (a plain mean before)
+
+
+class MatchRates:
+    """Per match length n and draft position i: how often the first i + 1 drafted tokens were
+    the sequence's next ones (optimistic, 1.0, until a lookup of that length came true or not)."""
+
+    def __init__(self, sizes: range) -> None:
+        self._rates: dict[int, list[float]] = {n: [] for n in sizes}
+        self._counts: dict[int, list[int]] = {n: [] for n in sizes}
+
+    def rate(self, n: int, position: int) -> float:
+        rates = self._rates[n]
+        return rates[position] if position < len(rates) else 1.0
+
+    def observe(self, n: int, drafted: int, correct: int) -> None:
+        """A lookup of match length n that drafted `drafted` tokens, the first `correct` right."""
+        rates, counts = self._rates[n], self._counts[n]
+        while len(rates) < drafted:
+            rates.append(1.0)
+            counts.append(0)
+        for position in range(drafted):
+            counts[position] += 1
+            weight = max(_RATE_WEIGHT, 1.0 / counts[position])
+            rates[position] += weight * (float(position < correct) - rates[position])
+
+    def cut(self, n: int, draft: list[int], required: float) -> list[int]:
+        """`draft` up to the first position whose rate is below `required`."""
+        for position in range(len(draft)):
+            if self.rate(n, position) < required:
+                return draft[:position]
+        return draft
+
 
 class _Index:
-    """One sequence's n-grams: per n, n-gram -> the position after its first occurrence."""
+    """One sequence's n-grams: per n, n-gram -> the position after its first occurrence; and
+    its lookups not yet checked against the tokens that followed them."""
 
-    __slots__ = ("by_n", "indexed")
+    __slots__ = ("by_n", "indexed", "pending")
 
     def __init__(self, sizes: range) -> None:
         self.by_n: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
         self.indexed = 0  # n-grams ending at positions < indexed are in
+        self.pending: list[tuple[int, list[int], int]] = []  # (n, draft, its first position)
 
     def extend(self, tokens: list[int], end: int) -> None:
         """Index the n-grams that end at positions [indexed, end) (their next token known)."""
@@ -31,16 +75,32 @@ class _Index:
                     grams.setdefault(tuple(tokens[position - n : position]), position)
         self.indexed = max(self.indexed, end)
 
-    def lookup(self, tokens: list[int], max_tokens: int) -> list[int]:
-        """What followed the first earlier occurrence of the longest suffix that has one."""
+    def lookup(self, tokens: list[int], max_tokens: int) -> tuple[int, list[int]]:
+        """(n, what followed the first earlier occurrence of the longest suffix that has one),
+        or (0, [])."""
         length = len(tokens)
         for n in sorted(self.by_n, reverse=True):
             if n >= length:
                 continue
             position = self.by_n[n].get(tuple(tokens[length - n :]))
             if position is not None:
-                return tokens[position : min(position + max_tokens, length)]
-        return []
+                return n, tokens[position : min(position + max_tokens, length)]
+        return 0, []
+
+    def check(self, tokens: list[int], rates: MatchRates) -> None:
+        """Count the pending lookups whose outcome the tokens now tell (a wrong token, or all
+        of the draft come true); keep the others."""
+        still = []
+        for n, draft, start in self.pending:
+            known = tokens[start : start + len(draft)]
+            correct = 0
+            while correct < len(known) and known[correct] == draft[correct]:
+                correct += 1
+            if correct < len(known) or correct == len(draft):
+                rates.observe(n, len(draft), correct)
+            else:
+                still.append((n, draft, start))
+        self.pending = still
 
 
 class NgramDrafter:
@@ -49,6 +109,8 @@ class NgramDrafter:
     def __init__(self, min_n: int, max_n: int) -> None:
         self.sizes = range(min_n, max_n + 1)
         self._indexes: dict[int, _Index] = {}
+        self.rates = MatchRates(self.sizes)
+        self.required = 0.0  # the rate a draft position needs (set by the engine each step)
 
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[list[int]]:
         drafts = []
@@ -57,9 +119,14 @@ class NgramDrafter:
             if index is None:
                 index = self._indexes[seq.seq_id] = _Index(self.sizes)
             tokens = seq.token_ids
+            index.check(tokens, self.rates)
             # The suffix itself (ending at the last token) must not find itself.
             index.extend(tokens, len(tokens))
-            drafts.append(index.lookup(tokens, limit) if limit > 0 else [])
+            n, draft = index.lookup(tokens, limit) if limit > 0 else (0, [])
+            if draft:
+                index.pending.append((n, draft, len(tokens)))
+                draft = self.rates.cut(n, draft, self.required)
+            drafts.append(draft)
         return drafts
 
     def release(self, seq_ids: Iterable[int]) -> None:
