@@ -8,7 +8,7 @@ TARGET_PEER = "llama.cpp"
 
 
 def table(results: list[dict], threads: int, peers: list[str]) -> str:
-    streams = sorted({int(n) for r in results for n in r["axon"]["streams_tok_s"]})
+    streams = sorted({int(n) for r in results for n in r[axon_names(r)[0]]["streams_tok_s"]})
     lines = [
         "| model | engine | RSS after load (MiB) | prefill tok/s | batch-1 decode tok/s (GB/s) | "
         + "".join(f"{n} streams tok/s | " for n in streams)
