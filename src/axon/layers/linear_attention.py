@@ -161,6 +161,9 @@ def chunk_gated_delta_rule_ref(
     return out.transpose(1, 2).to(dtype), state
 
 
+_TOKEN_BY_TOKEN = 8  # segments up to this many tokens take the recurrent form
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, scale: float, initial_state=None):
     """Prefill form; FLA's kernel on CUDA when installed, else the reference."""
     if _fla_chunk is not None and q.is_cuda:
@@ -338,9 +341,10 @@ class GatedDeltaNet(nn.Module):
         mixed, self.conv_state[dest] = causal_conv1d_ref(mixed, weight, conv_in)
         q, k, v = self._heads(mixed)
         initial = self.recurrent_state[source : source + 1] if resume else None
-        out, state = chunk_gated_delta_rule(
-            q[None], k[None], v[None], g[None], beta[None], self.scale, initial
-        )
+        # The chunk rule pads every segment to 64 tokens: the few tokens of a verify chunk's
+        # per-draft segments run token by token instead (benchmarks/gdn_draft_states.py).
+        rule = recurrent_gated_delta_rule if len(g) <= _TOKEN_BY_TOKEN else chunk_gated_delta_rule
+        out, state = rule(q[None], k[None], v[None], g[None], beta[None], self.scale, initial)
         self.recurrent_state[dest] = state[0]
         return out[0]
 
