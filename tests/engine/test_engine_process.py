@@ -235,7 +235,9 @@ def test_a_stopped_engine_misses_its_deadline_and_is_killed(tiny):
         poisoned = []
         client.on_poisoned = poisoned.append
         try:
-            stream = client.generate("long", [5, 6], SamplingParams(max_tokens=200))
+            stream = client.generate(
+                "long", [5, 6], SamplingParams(max_tokens=200, ignore_eos=True)
+            )
             await stream.__anext__()
             os.kill(client.process.pid, signal.SIGSTOP)
             with pytest.raises(EngineError, match="step deadline"):
