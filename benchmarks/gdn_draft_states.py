@@ -34,7 +34,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: one thread, no tuner
 
 import argparse  # noqa: E402
-import gc  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -53,37 +52,9 @@ from axon.layers.linear_attention import (  # noqa: E402
     chunk_gated_delta_rule,
     recurrent_gated_delta_rule,
 )
+from qwen3_5_decode import PRESETS, ensure_model  # noqa: E402
 
-# Qwen3.5-0.8B's text layers (hidden 1024, 16 + 16 GDN heads of 128, 8 attention heads of 256
-# over 2 KV heads, its vocabulary), 4 of them on the real schedule: linear x3, full.
-SHAPE = dict(
-    hidden_size=1024,
-    intermediate_size=3584,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=256,
-    linear_num_key_heads=16,
-    linear_num_value_heads=16,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    vocab_size=248320,
-)
-
-
-def ensure_model(seed: int = 0) -> Path:
-    model_dir = Path.home() / ".cache" / "axon-bench" / "qwen3_5-0.8b-4layers"
-    if (model_dir / "config.json").exists():
-        return model_dir
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    torch.manual_seed(seed)
-    config = Qwen3_5TextConfig(**SHAPE, max_position_embeddings=4096, tie_word_embeddings=True)
-    model = Qwen3_5ForCausalLM(config).to(torch.float32).eval()
-    model.save_pretrained(model_dir)
-    del model
-    gc.collect()
-    return model_dir
+SHAPE = PRESETS["0.8b-4layers"]  # Qwen3.5-0.8B's layers, 4 of them: linear x3, full
 
 
 def prefilled_engine(model_dir: Path, context: int, k: int):
@@ -295,7 +266,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    engine, seq = prefilled_engine(ensure_model(), args.context, args.k)
+    engine, seq = prefilled_engine(ensure_model("0.8b-4layers"), args.context, args.k)
     bench = Bench(engine, seq, args.k)
     print(f"(a) vs (a'): largest difference {bench.check_sketch():.2e} (logits, saved states)")
     started = time.perf_counter()

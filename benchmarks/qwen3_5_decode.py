@@ -57,6 +57,8 @@ PRESETS = {
         vocab_size=248320,
     ),
 }
+# Qwen3.5-0.8B's layers, 4 of them on the real schedule (linear x3, full): a CPU-sized cut
+PRESETS["0.8b-4layers"] = {**PRESETS["0.8b"], "num_hidden_layers": 4}
 
 
 def ensure_model(preset: str, seed: int = 0) -> Path:
