@@ -56,6 +56,8 @@ class _DraftState:
 class DraftModelDrafter:
     """Drafts for the target's sequences (keyed by seq_id) with a draft model it loads."""
 
+    required = 0.0  # not used: its drafts are never cut (the drafter's cost d is counted)
+
     def __init__(self, config: EngineConfig, target: ModelRunner, spec=None):
         """Load the draft model of `spec` (default `config.speculative_config`, method
         draft_model) beside the `target` runner of `config`. Raises ValueError, saying why,

@@ -51,6 +51,8 @@ class _Pending:
 class MtpDrafter:
     """Drafts with the target's own MTP block (`runner.model.mtp`), for every sequence at once."""
 
+    required = 0.0  # not used: its drafts are never cut
+
     def __init__(self, config: EngineConfig, runner: ModelRunner):
         """Raises ValueError when the target has no MTP block loaded."""
         self.mtp = getattr(runner.model, "mtp", None)

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 
 class Drafter(Protocol):
+    # The acceptance a draft position needs to pay this step (set by the speculator before
+    # each `propose`): a drafter that knows how often its positions come true cuts its drafts
+    # there (n-gram lookup); the others ignore it.
+    required: float
+
     def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> list[list[int]]:
         """Draft tokens to follow each sequence's `token_ids` (every accepted token so far),
         at most max_tokens[i] for seqs[i] (may be fewer or none)."""

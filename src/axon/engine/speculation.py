@@ -23,10 +23,10 @@ steps and then tries again, twice as long after each pause in a row (text with n
 stops costing anything), and k d times as long where a probe's k drafts take more than a step
 to make; above `max_seqs` running sequences nobody drafts.
 
-The same bar applies to each draft position: a drafter with a `required` attribute (n-gram
-lookup) is told it every step and cuts each draft before the first position whose measured
-rate of coming true is below it (engine/drafter_ngram.py: per match length and position, from
-every lookup it makes, verified or not). With several sequences running, where the bar is
+The same bar applies to each draft position: the drafter is told it every step (`required`),
+and the n-gram lookup cuts each draft before the first position whose measured rate of coming
+true is below it (engine/drafter_ngram.py: per match length and position, from every lookup
+it makes, verified or not). With several sequences running, where the bar is
 0.5-0.9, a two-token match in free text (right about one time in three at its first position,
 one in ten past it) then drafts nothing, and a long match in text that repeats its prompt
 drafts in full: the first drafts of a sequence with nothing to copy are no longer k blind
@@ -124,8 +124,7 @@ class Speculator:
             return
         self._drafted = 0
         self._required = min_acceptance(len(running), self.row_cost, self._draft_cost())
-        if hasattr(self.drafter, "required"):  # a drafter that cuts its drafts to what pays
-            self.drafter.required = self._required
+        self.drafter.required = self._required
         seqs = [seq for seq in running if self._may_draft(seq)]
         limits = [self._limit(seq) for seq in seqs]
         seqs, limits = [s for s, n in zip(seqs, limits) if n], [n for n in limits if n]
