@@ -7,10 +7,10 @@ For each prompt length N (random token ids, a one-token answer) it times, best o
 - `from disk`: a second engine on a directory a first engine filled (a restart), answering the
   same prompt: the N - 1 tokens' full blocks are read from disk before the step, one token is
   computed;
-- `load`: the disk tier's own share of that (`DiskTier.prefetch`: the file reads, the checks and
+- `load`: the disk tier's own share of that (`PrefixTiers.prefetch`: the file reads, the checks and
   the copy into the KV cache), and per block;
 - `save`: what the first engine's step loop spent handing the prompt's blocks to the writer
-  thread (`DiskTier.save`: copying them out of the cache; the writing is the thread's).
+  thread (`PrefixTiers.save`: copying them out of the cache; the writing is the thread's).
 
 The files are in the page cache (just written), as on a machine whose RAM holds the directory;
 a first read from a cold SSD adds its read time. Each engine is built anew per run, so nothing
@@ -30,22 +30,22 @@ import time
 
 from axon import LLM, SamplingParams
 from axon.demo import demo_model_path
-from axon.engine import disk_tier
+from axon.engine import prefix_tiers
 
 ONE_TOKEN = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
 
 def timed(name: str) -> list[float]:
-    """Wrap DiskTier's method `name` so each call's seconds are recorded in the returned list."""
+    """Wrap PrefixTiers's method `name` so each call's seconds are recorded in the returned list."""
     seconds: list[float] = []
-    original = getattr(disk_tier.DiskTier, name)
+    original = getattr(prefix_tiers.PrefixTiers, name)
 
     def wrapper(self, *args):
         start = time.perf_counter()
         original(self, *args)
         seconds.append(time.perf_counter() - start)
 
-    setattr(disk_tier.DiskTier, name, wrapper)
+    setattr(prefix_tiers.PrefixTiers, name, wrapper)
     return seconds
 
 

@@ -143,6 +143,11 @@ TABLE: tuple[Setting, ...] = (
     Setting("prefix_cache_disk_size", int, 10 << 30, "cap of --prefix-cache-dir in bytes (default "
             "10G), least recently used files removed past it; binary suffixes allowed: 512M",
             EVERYWHERE, lambda v: v > 0, "must be > 0", parse=parse_size, metavar="BYTES"),
+    Setting("prefix_cache_host_size", int, 0, "a host-memory tier of the prefix cache of this "
+            "many bytes (0: none; binary suffixes allowed: 8G): full KV blocks the KV cache "
+            "evicted come back from host memory, in front of --prefix-cache-dir, instead of "
+            "being computed again; for GPUs (on the CPU the KV cache is host memory already)",
+            EVERYWHERE, lambda v: v >= 0, "must be >= 0", parse=parse_size, metavar="BYTES"),
     Setting("adaptive_threads", bool, True, "CPU: run n or n - 1 OpenMP threads, whichever "
             "steps faster (a core busy with another process); OMP_NUM_THREADS turns it off",
             EVERYWHERE),

@@ -21,34 +21,17 @@ import axon
 from axon import LLM, SamplingParams
 from axon.cache import disk_prefix
 from axon.cache.disk_prefix import HEADER_SIZE, DiskPrefixStore
-from tests.model.qwen3_5_tiny import get_qwen3_5, qwen3_5_engine_kwargs
-from tests.model.tiny_models import engine_kwargs, get_tiny_model, random_prompt, random_prompts
+from tests.model.qwen3_5_tiny import any_engine_kwargs
+from tests.model.tiny_models import random_prompt, random_prompts
 
 BLOCK_SIZE = 4
 PROMPT_LENGTH = 41  # ten full blocks and one token: the hit covers 40
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=["qwen3", "gemma3_text", "qwen3_5_text"])
-def tiny(request, tiny_model_root):
-    """Dense attention; sliding-window layers beside full ones; hybrid Gated DeltaNet."""
-    if request.param.startswith("qwen3_5"):
-        return get_qwen3_5(request.param, tiny_model_root)
-    return get_tiny_model(request.param, tiny_model_root)
-
-
-@pytest.fixture(scope="module")
-def qwen3(tiny_model_root):
-    return get_tiny_model("qwen3", tiny_model_root)
-
-
 def _kwargs(tiny, **overrides) -> dict:
-    if tiny.arch.startswith("qwen3_5"):
-        # stride 1: a state snapshot at every block, so a hit may end at any block
-        return qwen3_5_engine_kwargs(
-            tiny, block_size=BLOCK_SIZE, num_state_snapshots=64, **overrides
-        )
-    return engine_kwargs(tiny, block_size=BLOCK_SIZE, **overrides)
+    # a hybrid model: a state snapshot at every block (stride 1), so a hit may end at any block
+    return any_engine_kwargs(tiny, block_size=BLOCK_SIZE, num_state_snapshots=64, **overrides)
 
 
 def _generate(llm: LLM, prompts) -> list[list[int]]:
@@ -60,7 +43,7 @@ def _written(tiny, directory: Path, prompts) -> LLM:
     """An engine that computed `prompts` and wrote their blocks to `directory`."""
     llm = LLM(**_kwargs(tiny, prefix_cache_dir=str(directory)))
     _generate(llm, prompts)
-    llm.engine.disk_tier.flush()
+    llm.engine.prefix_tiers.flush()
     return llm
 
 
@@ -75,20 +58,20 @@ def _block_file(llm: LLM, prompt: list[int], index: int) -> Path:
     parent = None
     for i in range(index + 1):
         parent = chain_hash(parent, tuple(prompt[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]))
-    return Path(llm.engine.disk_tier.store.path("kv", parent))
+    return Path(llm.engine.prefix_tiers.store.path("kv", parent))
 
 
-def test_restart_serves_the_prefix_from_disk_exactly(tiny, tmp_path):
+def test_restart_serves_the_prefix_from_disk_exactly(any_tiny, tmp_path):
     prompt = random_prompt(PROMPT_LENGTH, 7)
     follow_up = prompt + random_prompt(9, 8)  # a longer prompt with the same prefix
-    cold = _generate(LLM(**_kwargs(tiny, enable_prefix_caching=False)), [prompt, follow_up])
-    first = _written(tiny, tmp_path, [prompt])
+    cold = _generate(LLM(**_kwargs(any_tiny, enable_prefix_caching=False)), [prompt, follow_up])
+    first = _written(any_tiny, tmp_path, [prompt])
     assert _files(tmp_path)
-    if tiny.arch.startswith("qwen3_5"):
+    if any_tiny.arch.startswith("qwen3_5"):
         assert _files(tmp_path, ".state"), "no state snapshot saved"
     del first
 
-    restarted = LLM(**_kwargs(tiny, prefix_cache_dir=str(tmp_path)))
+    restarted = LLM(**_kwargs(any_tiny, prefix_cache_dir=str(tmp_path)))
     got = _generate(restarted, [prompt])
     stats = restarted.get_stats()
     got += _generate(restarted, [follow_up])
@@ -97,18 +80,18 @@ def test_restart_serves_the_prefix_from_disk_exactly(tiny, tmp_path):
     assert stats["prefix_disk_hits"] == PROMPT_LENGTH - 1
     assert stats["prefix_cache_hits"] == PROMPT_LENGTH - 1
     assert stats["num_prompt_tokens"] == 1  # only the last prompt token computed
-    if tiny.arch.startswith("qwen3_5"):
+    if any_tiny.arch.startswith("qwen3_5"):
         assert stats["prefix_disk_snapshots_loaded"] >= 1
         assert stats["state_snapshot_restores"] >= 1
 
 
-def test_a_prefix_part_in_memory_part_on_disk(tiny, tmp_path):
+def test_a_prefix_part_in_memory_part_on_disk(any_tiny, tmp_path):
     """The blocks memory holds are used, the ones after them read from disk."""
     prompt = random_prompt(PROMPT_LENGTH, 14)
     head = prompt[:21] + random_prompt(6, 15)  # shares five blocks with `prompt`
-    cold = _generate(LLM(**_kwargs(tiny, enable_prefix_caching=False)), [head, prompt])
-    _written(tiny, tmp_path, [prompt])
-    llm = LLM(**_kwargs(tiny, prefix_cache_dir=str(tmp_path)))
+    cold = _generate(LLM(**_kwargs(any_tiny, enable_prefix_caching=False)), [head, prompt])
+    _written(any_tiny, tmp_path, [prompt])
+    llm = LLM(**_kwargs(any_tiny, prefix_cache_dir=str(tmp_path)))
 
     got = _generate(llm, [head])
     loaded = llm.get_stats()["prefix_disk_hits"]
@@ -152,10 +135,10 @@ def test_a_bad_file_is_removed_and_not_loaded(qwen3, tmp_path, damage):
     got = _generate(reader, [prompt])
 
     assert got == cold
-    reader.engine.disk_tier.flush()  # the block, computed again, written again: whole
-    store = reader.engine.disk_tier.store
+    reader.engine.prefix_tiers.flush()  # the block, computed again, written again: whole
+    store = reader.engine.prefix_tiers.store
     assert bad.read_bytes() != bytes(data)
-    width = reader.engine.disk_tier.copier.block_bytes
+    width = reader.engine.prefix_tiers.copier.block_bytes
     assert store.read_into("kv", bytes.fromhex(bad.stem), bytearray(width))
     stats = reader.get_stats()
     assert stats["prefix_disk_files_rejected"] == 1
@@ -168,7 +151,7 @@ def test_another_dtype_is_another_fingerprint(qwen3, tmp_path):
     half = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path), kv_cache_dtype="float16"))
     cold = _generate(LLM(**_kwargs(qwen3, kv_cache_dtype="float16")), [prompt])
     assert _generate(half, [prompt]) == cold
-    half.engine.disk_tier.flush()
+    half.engine.prefix_tiers.flush()
     assert half.get_stats()["prefix_disk_hits"] == 0  # the float32 blocks are not its own
     assert len({path.parent for path in _files(tmp_path)}) == 2
 
@@ -181,7 +164,7 @@ def test_a_q8_0_cache_restores_exactly(qwen3, tmp_path):
     cold = _generate(LLM(**_kwargs(qwen3, enable_prefix_caching=False, **q8)), [prompt])
     first = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path), **q8))
     _generate(first, [prompt])
-    first.engine.disk_tier.flush()
+    first.engine.prefix_tiers.flush()
     restarted = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path), **q8))
     assert _generate(restarted, [prompt]) == cold
     assert restarted.get_stats()["prefix_disk_hits"] == PROMPT_LENGTH - 1
@@ -205,7 +188,7 @@ def test_a_full_disk_turns_writing_off_with_one_warning(qwen3, tmp_path, monkeyp
     llm = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path)))
     with caplog.at_level(logging.WARNING, logger="axon.cache.disk_prefix"):
         got = [_generate(llm, [p])[0] for p in prompts]
-        llm.engine.disk_tier.flush()
+        llm.engine.prefix_tiers.flush()
     assert got == cold
     assert len(_not_writable(caplog, tmp_path)) == 1
     assert not _files(tmp_path)
@@ -223,7 +206,7 @@ def test_an_unwritable_directory_degrades_with_a_warning(qwen3, tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="axon.cache.disk_prefix"):
         llm = LLM(**_kwargs(qwen3, prefix_cache_dir=str(directory)))
         assert _generate(llm, [prompt]) == cold
-        llm.engine.disk_tier.flush()
+        llm.engine.prefix_tiers.flush()
     assert len(_not_writable(caplog, tmp_path)) == 1
     assert llm.get_stats()["prefix_disk_blocks_written"] == 0
 
@@ -237,7 +220,7 @@ def test_writing_resumes_once_the_directory_is_writable_again(qwen3, tmp_path, c
     prompts = random_prompts((PROMPT_LENGTH,) * 3, 15)
     cold = _generate(LLM(**_kwargs(qwen3, enable_prefix_caching=False)), prompts)
     llm = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path)))
-    tier = llm.engine.disk_tier
+    tier = llm.engine.prefix_tiers
     tier.store.retry_min_s = 0.0  # try again at every block offered
     # A plain file where the directory was: nobody, root included, writes under it.
     shutil.rmtree(tier.store.dir)
@@ -324,7 +307,7 @@ def test_two_processes_writing_one_directory_leave_valid_files(qwen3, tmp_path):
     assert len(files) > 20
     assert not list(tmp_path.glob("*/.tmp-*"))
     reader = LLM(**_kwargs(qwen3, prefix_cache_dir=str(tmp_path)))
-    store, width = reader.engine.disk_tier.store, reader.engine.disk_tier.copier.block_bytes
+    store, width = reader.engine.prefix_tiers.store, reader.engine.prefix_tiers.copier.block_bytes
     for path in files:
         assert store.read_into("kv", bytes.fromhex(path.stem), bytearray(width)), path
     cold = _generate(LLM(**_kwargs(qwen3, enable_prefix_caching=False)), prompts)

@@ -36,7 +36,7 @@ def _run(tiny, directory: Path, prompts) -> tuple[list[list[int]], dict, str]:
     llm = LLM(str(tiny.path), prefix_cache_dir=str(directory), **ENGINE_ARGS)
     try:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)
-        stats, store_dir = llm.get_stats(), llm.engine.disk_tier.store.dir
+        stats, store_dir = llm.get_stats(), llm.engine.prefix_tiers.store.dir
     finally:
         llm.engine.close()
     return [list(o.outputs[0].token_ids) for o in outputs], stats, store_dir
@@ -69,3 +69,21 @@ def test_a_tp2_restart_serves_the_prefix_only_where_every_rank_has_it(tiny, tmp_
     restored, stats, _ = _run(tiny, tmp_path, prompts[:1])
     assert restored == fresh[:1]
     assert stats["prefix_disk_hits"] == 5 * BLOCK_SIZE
+
+
+def test_a_tp2_engine_serves_an_evicted_prefix_from_every_ranks_host_memory(tiny):
+    """Each rank keeps its shard of every block in its own memory; the prefix the KV cache
+    evicted comes back from there, token for token as computed afresh."""
+    prompt, *others = random_prompts((41, 41, 41), 33)
+    small = dict(ENGINE_ARGS, max_model_len=64, max_num_seqs=1)
+    small["kv_cache_memory"] = 16 * BLOCK_SIZE * tiny.kv_bytes_per_token() // 2  # 16 blocks
+    llm = LLM(str(tiny.path), prefix_cache_host_size=16 << 20, **small)
+    try:
+        fresh = llm.generate([{"prompt_token_ids": prompt}], GREEDY)
+        llm.generate([{"prompt_token_ids": p} for p in others], GREEDY)  # evict its blocks
+        again = llm.generate([{"prompt_token_ids": prompt}], GREEDY)
+        stats = llm.get_stats()
+    finally:
+        llm.engine.close()
+    assert again[0].outputs[0].token_ids == fresh[0].outputs[0].token_ids
+    assert stats["prefix_host_hits"] == 40

@@ -20,7 +20,7 @@ from transformers import (
 
 from tiny_configs import QWEN3_5_TEXT, QWEN3_5_VISION
 
-from .tiny_models import TinyModel, build_tokenizer
+from .tiny_models import TinyModel, build_tokenizer, engine_kwargs, get_tiny_model
 
 QWEN3_5_ARCHS = ("qwen3_5_text", "qwen3_5")
 SEED = 4321
@@ -127,3 +127,18 @@ def qwen3_5_engine_kwargs(
     )
     kwargs.update(overrides)
     return kwargs
+
+
+def get_any_tiny(arch: str, root: Path) -> TinyModel:
+    """A tiny model of any architecture: Qwen3.5's from get_qwen3_5, the others' from
+    get_tiny_model."""
+    return get_qwen3_5(arch, root) if arch.startswith("qwen3_5") else get_tiny_model(arch, root)
+
+
+def any_engine_kwargs(tiny: TinyModel, **overrides) -> dict:
+    """qwen3_5_engine_kwargs for a hybrid model, engine_kwargs for the others; a hybrid
+    model's `num_state_snapshots` is taken from `overrides` only for it."""
+    if tiny.arch.startswith("qwen3_5"):
+        return qwen3_5_engine_kwargs(tiny, **overrides)
+    overrides.pop("num_state_snapshots", None)
+    return engine_kwargs(tiny, **overrides)

@@ -38,6 +38,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "kv_cache_dtype": ("float16", "int8"),
     "prefix_cache_dir": ("/var/cache/axon-prefix", ""),
     "prefix_cache_disk_size": ("10G", "lots"),
+    "prefix_cache_host_size": ("8G", -1),
     "adaptive_threads": (False, "maybe"),
     "speculative_config": ({"method": "ngram", "num_speculative_tokens": 3}, {"method": "eagle"}),
     "served_model_name": ("alias", ""),

@@ -219,12 +219,13 @@ class BlockManager:
             self.free_block_ids.append(block_id)
         self.cached_free.clear()
 
-    # ---- the disk tier (engine/disk_tier.py) ------------------------------------------------
+    # ---- the host and disk tiers (engine/prefix_tiers.py) ------------------------------------
 
     def adopt(self, block_hash: bytes, token_ids: tuple[int, ...]) -> int:
-        """A block to fill with a prefix block read from disk, registered as cached and
-        unreferenced (the most recently used), as if a finished sequence had computed it:
-        `match_prefix` then finds it. Caller checked room; the caller fills it before any step."""
+        """A block to fill with a prefix block read from host memory or disk, registered as
+        cached and unreferenced (the most recently used), as if a finished sequence had computed
+        it: `match_prefix` then finds it. Caller checked room; the caller fills it before any
+        step."""
         block_id = self._take_block()
         block = self.blocks[block_id]
         block.block_hash = block_hash

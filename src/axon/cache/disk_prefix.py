@@ -104,11 +104,16 @@ class DiskPrefixStore:
         """Whether a file for the block exists or is queued (unchecked: `read_into` checks)."""
         return (kind, block_hash) in self._pending or os.path.exists(self.path(kind, block_hash))
 
+    def needs(self, kind: str, block_hash: bytes) -> bool:
+        """Whether `put` would have something to do for the block (the host tier's has more)."""
+        return not self.contains(kind, block_hash)
+
     # ---- reading ----------------------------------------------------------------------------
 
-    def read_into(self, kind: str, block_hash: bytes, buffer) -> bool:
-        """Fill `buffer` (writable, exactly the payload's length) from the block's file. False
-        when there is none or it does not check out; a bad file is removed."""
+    def read_into(self, kind: str, block_hash: bytes, buffer) -> str | None:
+        """Fill `buffer` (writable, exactly the payload's length) from the block's file: "disk",
+        the tier read, or None when there is none or it does not check out (a bad file is
+        removed)."""
         path = self.path(kind, block_hash)
         view = memoryview(buffer).cast("B")
         try:
@@ -117,17 +122,17 @@ class DiskPrefixStore:
                 ok = self._header_ok(header, kind, block_hash, len(view))
                 ok = ok and file.readinto(view) == len(view) and not file.read(1)
         except FileNotFoundError:
-            return False  # evicted (by another process, perhaps) since it was seen
+            return None  # evicted (by another process, perhaps) since it was seen
         except OSError as exc:
             logger.warning("prefix cache file %s unreadable: %s", path, exc)
-            return False
+            return None
         if ok and zlib.crc32(view) == _HEADER.unpack(header)[6]:
             self._touch(path)
-            return True
+            return "disk"
         self.num_rejected += 1
         logger.warning("prefix cache file %s is corrupt, partial or foreign: removed", path)
         self._remove(path)
-        return False
+        return None
 
     def _header_ok(self, header: bytes, kind: str, block_hash: bytes, length: int) -> bool:
         if len(header) != HEADER_SIZE:
@@ -147,16 +152,16 @@ class DiskPrefixStore:
     @property
     def accepting(self) -> bool:
         """Whether `put` would take a block now: ask before copying its bytes out."""
-        return self._may_write() and not self._queue.full()
+        return self.may_write() and not self._queue.full()
 
-    def _may_write(self) -> bool:
+    def may_write(self) -> bool:
         """Writing is on, or off and due to be tried again (by one block at a time)."""
         return self.writable or (not self._probing and time.monotonic() >= self._retry_at)
 
     def put(self, kind: str, block_hash: bytes, payload) -> bool:
         """Queue a file for the writer thread; False (dropped) when the queue is full or writing
         is off."""
-        if not self._may_write() or self._closed:
+        if not self.may_write() or self._closed:
             self.num_dropped += 1
             return False
         probe = not self.writable

@@ -13,9 +13,9 @@ import torch
 from axon.cache.block_manager import BlockManager
 from axon.cache.state_slots import StateSlotManager
 from axon.config import EngineConfig
-from axon.engine.disk_tier import DiskTier
 from axon.engine.drafting import make_drafter
 from axon.engine.pooler import Pooler
+from axon.engine.prefix_tiers import PrefixTiers
 from axon.engine.scheduler import Scheduler
 from axon.engine.speculation import Speculator, empty_stats
 from axon.engine.step_sampling import StepSampling
@@ -55,8 +55,11 @@ class EngineCore(StepSampling):
             self.state_slots,
             snapshot_interval,
         )
-        # --prefix-cache-dir: the prefix cache's disk tier (None without it)
-        self.disk_tier = DiskTier.open(config, self.runner, self.block_manager, self.state_slots)
+        # --prefix-cache-host-size / --prefix-cache-dir: the prefix cache's tiers past the KV
+        # cache (None without them)
+        self.prefix_tiers = PrefixTiers.open(
+            config, self.runner, self.block_manager, self.state_slots
+        )
         self.max_model_len = plan.max_model_len
         self.eos_token_ids = eos_token_ids(config.model, self.runner.text_config)
         self.task = resolve_task(config.task, config.model)
@@ -178,8 +181,8 @@ class EngineCore(StepSampling):
     def close(self) -> None:
         """Stops the other tensor-parallel ranks, if any (the engine is done with the device), and
         writes the disk tier's queued blocks."""
-        if self.disk_tier is not None:
-            self.disk_tier.close()  # first: the other ranks write their queues too
+        if self.prefix_tiers is not None:
+            self.prefix_tiers.close()  # first: the other ranks write their queues too
         self.runner.close()
 
     def has_unfinished(self) -> bool:
@@ -188,7 +191,7 @@ class EngineCore(StepSampling):
     def step(self) -> list[TokenUpdate]:
         """Schedule, run and sample one step; returns one update per scheduled sequence."""
         self.step_request_ids = set()
-        tier = self.disk_tier
+        tier = self.prefix_tiers
         if tier is not None:
             tier.prefetch(self.scheduler.waiting, self.scheduler.num_running)
         if self.speculator is not None:
@@ -252,8 +255,8 @@ class EngineCore(StepSampling):
         vectors = self.pooler.collect(out, self.runner.forward_logits(batch))
         self.num_prompt_tokens += sum(seq.num_new_prompt_tokens(n) for seq, n in out.scheduled)
         self.scheduler.update(out, {})
-        if self.disk_tier is not None:
-            self.disk_tier.save(filled, out)
+        if self.prefix_tiers is not None:
+            self.prefix_tiers.save(filled, out)
         updates = []
         for seq, _ in out.scheduled:
             updates.append(self._update_of(seq, {}, {}, vectors.get(seq.seq_id)))
@@ -285,6 +288,8 @@ class EngineCore(StepSampling):
         self.block_manager.reset_prefix_cache()
         if self.state_slots is not None:
             self.state_slots.reset_snapshots()
+        if self.prefix_tiers is not None:
+            self.prefix_tiers.reset()
 
     def stats(self) -> dict:
         bm = self.block_manager
@@ -300,6 +305,6 @@ class EngineCore(StepSampling):
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_generation_tokens": self.num_generation_tokens,
             "state_snapshot_restores": self.state_slots.num_restores if self.state_slots else 0,
-            **(self.disk_tier.stats() if self.disk_tier is not None else {}),
+            **(self.prefix_tiers.stats() if self.prefix_tiers is not None else {}),
             **(self.speculator.stats() if self.speculator is not None else empty_stats()),
         }

@@ -1,5 +1,6 @@
-"""What a rank's share of the prefix cache's disk tier is named by, and the side of it that ranks
-1..N-1 of a tensor-parallel engine run (rank 0's is engine/disk_tier.py).
+"""A rank's store of the prefix cache's tiers past the KV cache (host memory, disk), what its
+files are named by, and the side of the tiers that ranks 1..N-1 of a tensor-parallel engine run
+(rank 0's is engine/prefix_tiers.py).
 
 Under tensor parallelism each rank holds its own shard of every KV block, so each writes and
 reads its own files, in its own directory: the fingerprint names the rank and the world size
@@ -17,6 +18,7 @@ import os
 import torch
 
 from axon.cache.disk_prefix import DiskPrefixStore
+from axon.cache.host_prefix import HostPrefixStore
 from axon.config import EngineConfig
 from axon.runner.kv_blocks import BlockCopier
 
@@ -58,24 +60,33 @@ def fingerprint(config: EngineConfig, runner, copier: BlockCopier, rank: int = 0
     return hashlib.sha256(text.encode()).digest()
 
 
-def open_store(config: EngineConfig, runner, copier: BlockCopier, rank: int) -> DiskPrefixStore:
-    """Rank `rank`'s store under `config.prefix_cache_dir`."""
-    queue_size = max(4, _QUEUE_BYTES // max(1, copier.block_bytes))
-    return DiskPrefixStore(
-        config.prefix_cache_dir,
-        fingerprint(config, runner, copier, rank),
-        config.prefix_cache_disk_size,
-        queue_size,
-    )
+def open_store(
+    config: EngineConfig, runner, copier: BlockCopier, rank: int
+) -> DiskPrefixStore | HostPrefixStore:
+    """Rank `rank`'s store: host memory (`prefix_cache_host_size`) in front of its files under
+    `prefix_cache_dir`, or either alone."""
+    disk = None
+    if config.prefix_cache_dir is not None:
+        queue_size = max(4, _QUEUE_BYTES // max(1, copier.block_bytes))
+        disk = DiskPrefixStore(
+            config.prefix_cache_dir,
+            fingerprint(config, runner, copier, rank),
+            config.prefix_cache_disk_size,
+            queue_size,
+        )
+    if config.prefix_cache_host_size:
+        return HostPrefixStore(config.prefix_cache_host_size, disk)
+    return disk
 
 
 class RankShard:
-    """A rank's (1..N-1) files and its cache's block bytes, driven by rank 0's requests:
+    """A rank's (1..N-1) store and its cache's block bytes, driven by rank 0's requests:
 
-    - `read(hashes)`: read the files of these prefix blocks, in order, into a held buffer; the
-      number read whole (a missing or bad file ends the run);
+    - `read(hashes)`: read these prefix blocks from the store, in order, into a held buffer; the
+      number read whole (a missing or bad one ends the run);
     - `place(block_ids)`: copy the first len(block_ids) held blocks into those cache blocks;
-    - `save(blocks)`: queue (block id, hash) blocks not yet on disk for the writer thread;
+    - `save(blocks)`: store the (block id, hash) blocks a tier lacks;
+    - `reset()`: forget the blocks in host memory;
     - `flush()`, `close()`: as the store's.
     """
 
@@ -85,7 +96,7 @@ class RankShard:
         self._held: torch.Tensor | None = None
 
     def handle(self, operation: str, *args):
-        if operation not in ("read", "place", "save", "flush", "close"):
+        if operation not in ("read", "place", "save", "reset", "flush", "close"):
             raise ValueError(f"unknown disk tier operation {operation!r}")
         return getattr(self, operation)(*args)
 
@@ -93,7 +104,7 @@ class RankShard:
         data = torch.empty((len(hashes), self.copier.block_bytes), dtype=torch.uint8)
         count = 0
         for row, block_hash in enumerate(hashes):
-            if not self.store.read_into("kv", block_hash, data[row].numpy()):
+            if self.store.read_into("kv", block_hash, data[row].numpy()) is None:
                 break
             count += 1
         self._held = data[:count]
@@ -105,11 +116,15 @@ class RankShard:
             self.copier.write_blocks(block_ids, held[: len(block_ids)])
 
     def save(self, blocks: list[tuple[int, bytes]]) -> None:
-        blocks = [(i, h) for i, h in blocks if not self.store.contains("kv", h)]
+        blocks = [(i, h) for i, h in blocks if self.store.needs("kv", h)]
         if blocks and self.store.accepting:
             data = self.copier.read_blocks([i for i, _ in blocks])
             for row, (_, block_hash) in enumerate(blocks):
                 self.store.put("kv", block_hash, data[row].numpy())
+
+    def reset(self) -> None:
+        if isinstance(self.store, HostPrefixStore):
+            self.store.clear()
 
     def flush(self) -> None:
         self.store.flush()

@@ -1,28 +1,29 @@
-"""The prefix cache's disk tier in the engine loop (`--prefix-cache-dir`): full KV blocks, and a
-hybrid model's state snapshots, saved as they are computed and brought back on a later admission,
-in this process or after a restart. The files are cache/disk_prefix.py's, the bytes
-runner/kv_blocks.py's.
+"""The prefix cache's tiers past the KV cache, in the engine loop: host memory
+(`--prefix-cache-host-size`, cache/host_prefix.py) and disk (`--prefix-cache-dir`,
+cache/disk_prefix.py), either or both (memory in front). They hold full KV blocks, and a hybrid
+model's state snapshots, saved as they are computed and brought back on a later admission: after
+the KV cache evicted them, or, from disk, after a restart. The bytes are runner/kv_blocks.py's.
 
 Around each step:
 
 - `prefetch`, before scheduling: for the waiting sequences the step may admit, walk the chain
-  hashes of their prompt's full blocks past what memory holds, read the blocks found on disk into
-  free KV blocks and register them as cached (`BlockManager.adopt`), as if a finished sequence
-  had left them. The scheduler's own prefix match then finds them and counts them as cached
-  tokens: nothing else in the scheduler knows a disk exists. A hybrid model resumes only from a
-  state snapshot, so the walk stops at the last block whose snapshot is in memory or on disk,
-  and that snapshot is read into the snapshot pool. The reads are synchronous (the step needs
-  them); a block costs a file read and a memcpy, far less than its prefill.
+  hashes of their prompt's full blocks past what the KV cache holds, read the blocks the store
+  has into free KV blocks and register them as cached (`BlockManager.adopt`), as if a finished
+  sequence had left them. The scheduler's own prefix match then finds them and counts them as
+  cached tokens: nothing else in the scheduler knows the tiers exist. A hybrid model resumes only
+  from a state snapshot, so the walk stops at the last block whose snapshot the KV cache's pool
+  or the store holds, and that snapshot is read into the snapshot pool. The reads are
+  synchronous (the step needs them); a block costs a memcpy (and a file read from disk), far less
+  than its prefill.
 - `mark`, after scheduling: the blocks each scheduled sequence fills this step, with their
   hashes (a sequence that finishes this step hands its block table back in `update`).
 - `save`, after the step: copy those blocks' bytes (and the snapshots stored this step) out of
-  the cache and queue them for the store's writer thread; a block already on disk is skipped,
-  one the queue has no room for dropped.
+  the cache into the store: kept in memory, queued for the disk's writer thread; a block a tier
+  has already is skipped there, one the disk's queue has no room for dropped.
 
 Under tensor parallelism (ranks on this host) every rank keeps its own shard of each block in its
-own files (runner/disk_shard.py); rank 0 asks the other ranks over their pipes, between steps, to
-read, place and save their shards, and a block read from disk is a hit only when every rank read
-it whole.
+own store (runner/disk_shard.py); rank 0 asks the other ranks over their pipes, between steps, to
+read, place and save their shards, and a block read is a hit only when every rank read it whole.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 from axon.batch import SchedulerOutput
 from axon.cache.block_manager import BlockManager, chain_hash
 from axon.cache.disk_prefix import DiskPrefixStore
+from axon.cache.host_prefix import HostPrefixStore
 from axon.cache.state_slots import StateSlotManager
 from axon.config import EngineConfig
 from axon.runner.disk_shard import open_store
@@ -55,10 +57,10 @@ class _Filled:
     index: int  # the block's index in its sequence
 
 
-class DiskTier:
-    def __init__(self, store: DiskPrefixStore, copier: BlockCopier, block_manager: BlockManager,
-                 state_slots: StateSlotManager | None, max_num_seqs: int,
-                 ranks=None):  # fmt: skip
+class PrefixTiers:
+    def __init__(self, store: DiskPrefixStore | HostPrefixStore, copier: BlockCopier,
+                 block_manager: BlockManager, state_slots: StateSlotManager | None,
+                 max_num_seqs: int, ranks=None):  # fmt: skip
         self.store = store
         self.ranks = ranks  # the other tensor-parallel ranks' workers (None: one rank)
         self.copier = copier
@@ -67,22 +69,32 @@ class DiskTier:
         self.state_slots = state_slots if copier.has_states else None
         self.max_num_seqs = max_num_seqs
         self._looked: set[tuple[int, int]] = set()  # (seq_id, preemptions) prefetched for
-        self.num_loaded_blocks = 0
-        self.num_loaded_snapshots = 0
+        self.num_loaded_blocks = dict.fromkeys(self._tiers(store), 0)  # per tier read from
+        self.num_loaded_snapshots = dict.fromkeys(self._tiers(store), 0)
+
+    @staticmethod
+    def _tiers(store) -> list[str]:
+        if isinstance(store, DiskPrefixStore):
+            return ["disk"]
+        return ["host", *(["disk"] if store.disk is not None else [])]
 
     @classmethod
-    def open(cls, config: EngineConfig, runner, block_manager, state_slots) -> DiskTier | None:
-        """The tier `config.prefix_cache_dir` asks for, or None (not asked, or not possible
-        here: said once in the log)."""
-        if config.prefix_cache_dir is None:
+    def open(cls, config: EngineConfig, runner, block_manager, state_slots) -> PrefixTiers | None:
+        """The tiers `config` asks for, or None (none asked, or not possible here: said once in
+        the log)."""
+        asked = [
+            *(["--prefix-cache-host-size"] if config.prefix_cache_host_size else []),
+            *([f"--prefix-cache-dir {config.prefix_cache_dir}"] if config.prefix_cache_dir else []),
+        ]
+        if not asked:
             return None
         why = None
         if not block_manager.enable_prefix_caching:
             why = "prefix caching is off"
         elif config.nnodes > 1:
-            why = "ranks on other hosts keep their KV cache shards on their own disks"
+            why = "ranks on other hosts are not asked for their shards of a block"
         elif config.tensor_parallel_size > 1 and runner.plan.num_state_slots:
-            why = "a hybrid model's state snapshots are not kept on disk under tensor parallelism"
+            why = "a hybrid model's state snapshots are not kept under tensor parallelism"
         elif runner.plan.num_state_slots and not runner.plan.num_state_snapshots:
             why = "this hybrid model has no state snapshot pool"
         if why is None:
@@ -91,19 +103,24 @@ class DiskTier:
             except RuntimeError as exc:  # a cache tensor whose rows are not contiguous bytes
                 why = f"the KV cache's layout is not copied by rows ({exc})"
         if why is not None:
-            logger.warning("--prefix-cache-dir %s unused: %s", config.prefix_cache_dir, why)
+            logger.warning("%s unused: %s", " and ".join(asked), why)
             return None
+        if config.prefix_cache_host_size and runner.device.type == "cpu":
+            logger.info(
+                "--prefix-cache-host-size on the CPU: the KV cache is host memory already, so a "
+                "larger --kv-cache-memory keeps as many blocks without copying them"
+            )
         store = open_store(config, runner, copier, rank=0)
         args = (store, copier, block_manager, state_slots, config.max_num_seqs, runner.workers)
         return cls(*args)
 
-    # ---- before scheduling: bring known prefixes in from disk --------------------------------
+    # ---- before scheduling: bring known prefixes in from the store ---------------------------
 
     def prefetch(self, waiting, num_running: int) -> None:
-        """Load from disk the blocks of the prefixes of the sequences the next step may admit.
-        A sequence whose whole prompt (and one more token) fits in the blocks not yet spoken
-        for may have every prefix block loaded: the scheduler takes that many blocks for it
-        anyway. Else it gets up to half of them (the rest for its new tokens), as a prompt
+        """Load from the store the blocks of the prefixes of the sequences the next step may
+        admit. A sequence whose whole prompt (and one more token) fits in the blocks not yet
+        spoken for may have every prefix block loaded: the scheduler takes that many blocks for
+        it anyway. Else it gets up to half of them (the rest for its new tokens), as a prompt
         longer than half the cache does."""
         budget = self.block_manager.num_free_blocks
         block_size = self.block_manager.block_size
@@ -120,59 +137,64 @@ class DiskTier:
             allowed = need if need <= budget else budget // 2
             taken = self._prefetch(seq, allowed)
             budget -= need if need <= budget else taken
-            if taken < allowed:  # else it may have more on disk: looked at again next step
+            if taken < allowed:  # else the store may have more: looked at again next step
                 self._looked.add(key)
         if len(self._looked) > 4 * self.max_num_seqs:
             waiting_keys = {(s.seq_id, s.num_preemptions) for s in waiting}
             self._looked &= waiting_keys
 
     def _prefetch(self, seq: Sequence, budget: int) -> int:
-        """Bring in `seq`'s prefix blocks that are on disk and not in memory; blocks taken."""
+        """Bring in `seq`'s prefix blocks that the store has and the KV cache not; blocks taken."""
         chain = self._walk(seq, budget)
         if self.state_slots is not None:
             chain = self._to_last_snapshot(chain)
-        on_disk = [(i, h) for i, (h, where) in enumerate(chain) if where == "disk"]
-        data = torch.empty((len(on_disk), self.copier.block_bytes), dtype=torch.uint8)
-        for row, (index, block_hash) in enumerate(on_disk):
-            if not self.store.read_into("kv", block_hash, data[row].numpy()):
-                chain, on_disk, data = chain[:index], on_disk[:row], data[:row]  # broken here
+        stored = [(i, h) for i, (h, where) in enumerate(chain) if where == "stored"]
+        data = torch.empty((len(stored), self.copier.block_bytes), dtype=torch.uint8)
+        tiers = []  # where each row was read from
+        for row, (index, block_hash) in enumerate(stored):
+            tier = self.store.read_into("kv", block_hash, data[row].numpy())
+            if tier is None:
+                chain, stored, data = chain[:index], stored[:row], data[:row]  # broken here
                 break
-        asked = self.ranks is not None and bool(on_disk)
+            tiers.append(tier)
+        asked = self.ranks is not None and bool(stored)
         if asked:
-            counts = self.ranks.ask("disk", "read", [h for _, h in on_disk])
-            row = min(len(on_disk), *counts)  # a hit only where every rank has its shard
-            if row < len(on_disk):
-                chain, on_disk, data = chain[: on_disk[row][0]], on_disk[:row], data[:row]
+            counts = self.ranks.ask("disk", "read", [h for _, h in stored])
+            row = min(len(stored), *counts)  # a hit only where every rank has its shard
+            if row < len(stored):
+                chain, stored, data = chain[: stored[row][0]], stored[:row], data[:row]
         if self.state_slots is not None:
             chain = self._to_last_snapshot(chain)
             if not chain or not self._load_snapshot(chain[-1][0]):
                 return 0
-            keep = sum(1 for index, _ in on_disk if index < len(chain))
-            on_disk, data = on_disk[:keep], data[:keep]
-        if not on_disk:
+            keep = sum(1 for index, _ in stored if index < len(chain))
+            stored, data = stored[:keep], data[:keep]
+        if not stored:
             if asked:
                 self.ranks.ask("disk", "place", [])  # drop what they hold
             return 0
         block_size = self.block_manager.block_size
         ids = [
             self.block_manager.adopt(h, tuple(seq.block_token_ids(i, block_size)))
-            for i, h in on_disk
+            for i, h in stored
         ]
         self.copier.write_blocks(ids, data)
         if asked:
             self.ranks.ask("disk", "place", ids)
-        self.num_loaded_blocks += len(ids)
+        for tier in tiers[: len(ids)]:
+            self.num_loaded_blocks[tier] += 1
         return len(ids)
 
     def _walk(self, seq: Sequence, budget: int) -> list[tuple[bytes, str]]:
-        """(hash, "memory" or "disk") of `seq`'s prefix blocks, up to the first block in
-        neither or the `budget`-th on disk. Blocks found in memory become the most recently
-        used, so the blocks taken for the disk's do not evict them."""
+        """(hash, "cached" or "stored") of `seq`'s prefix blocks, up to the first block in
+        neither the KV cache nor the store, or the `budget`-th in the store only. Blocks found
+        in the KV cache become the most recently used, so the blocks taken for the store's do
+        not evict them."""
         bm = self.block_manager
         block_size = bm.block_size
         chain: list[tuple[bytes, str]] = []
         parent = None
-        num_disk = 0
+        num_stored = 0
         for index in range((seq.num_tokens - 1) // block_size):
             token_ids = tuple(seq.block_token_ids(index, block_size))
             parent = chain_hash(parent, token_ids, seq.block_extra_key(index, block_size))
@@ -180,16 +202,17 @@ class DiskTier:
             if block_id is not None and bm.blocks[block_id].token_ids == token_ids:
                 if block_id in bm.cached_free:
                     bm.cached_free.move_to_end(block_id)
-                chain.append((parent, "memory"))
-            elif num_disk < budget and self.store.contains("kv", parent):
-                chain.append((parent, "disk"))
-                num_disk += 1
+                chain.append((parent, "cached"))
+            elif num_stored < budget and self.store.contains("kv", parent):
+                chain.append((parent, "stored"))
+                num_stored += 1
             else:
                 break
         return chain
 
     def _to_last_snapshot(self, chain: list) -> list:
-        """`chain` cut after its last block a state snapshot (in memory or on disk) ends at."""
+        """`chain` cut after its last block a state snapshot (in the pool or the store) ends
+        at."""
         for end in range(len(chain), 0, -1):
             block_hash = chain[end - 1][0]
             if self.state_slots.has_snapshot(block_hash) or self.store.contains(
@@ -199,8 +222,8 @@ class DiskTier:
         return []
 
     def _load_snapshot(self, block_hash: bytes) -> bool:
-        """Make the snapshot at `block_hash` one of the pool's (read from disk when memory has
-        none). False when it cannot be had."""
+        """Make the snapshot at `block_hash` one of the pool's (read from the store when the
+        pool has none). False when it cannot be had."""
         slots = self.state_slots
         if slots.has_snapshot(block_hash):
             return True
@@ -208,12 +231,13 @@ class DiskTier:
         if index is None:
             return False
         data = torch.empty((1, self.copier.state_bytes), dtype=torch.uint8)
-        if not self.store.read_into("state", block_hash, data[0].numpy()):
+        tier = self.store.read_into("state", block_hash, data[0].numpy())
+        if tier is None:
             slots.release_snapshot(index)
             return False
         self.copier.write_snapshots([index], data)
         slots.store_snapshot(block_hash, index)
-        self.num_loaded_snapshots += 1
+        self.num_loaded_snapshots[tier] += 1
         return True
 
     # ---- around the step: save what it computes ----------------------------------------------
@@ -234,10 +258,11 @@ class DiskTier:
         return filled
 
     def save(self, filled: list[_Filled], out: SchedulerOutput) -> None:
-        """After the step: queue the filled blocks and the snapshots stored, not yet on disk."""
+        """After the step: store the filled blocks and the snapshots stored, where a tier lacks
+        them."""
         if self.ranks is not None and filled:
             self.ranks.ask("disk", "save", [(f.block_id, f.block_hash) for f in filled])
-        blocks = [f for f in filled if not self.store.contains("kv", f.block_hash)]
+        blocks = [f for f in filled if self.store.needs("kv", f.block_hash)]
         if blocks and self.store.accepting:
             data = self.copier.read_blocks([f.block_id for f in blocks])
             for row, f in enumerate(blocks):
@@ -253,12 +278,20 @@ class DiskTier:
             block_hash = ends.get((slot, computed // block_size - 1))
             if block_hash is None or self.state_slots.snapshots.get(block_hash) != index:
                 continue  # not kept: the pool held that state already
-            if self.store.contains("state", block_hash) or not self.store.accepting:
+            if not self.store.needs("state", block_hash) or not self.store.accepting:
                 continue
             data = self.copier.read_snapshots([index])
             self.store.put("state", block_hash, data[0].numpy())
 
     # ---- the engine's other commands ----------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the blocks in host memory, every rank's (a reset of the prefix cache: what
+        follows is computed afresh, or read from disk, which outlives the process anyway)."""
+        if self.ranks is not None:
+            self.ranks.ask("disk", "reset")
+        if isinstance(self.store, HostPrefixStore):
+            self.store.clear()
 
     def flush(self) -> None:
         """Wait until every queued file is written (tests; a shutdown closes instead)."""
@@ -279,7 +312,7 @@ class DiskTier:
     def stats(self) -> dict:
         block_size = self.block_manager.block_size
         return {
-            "prefix_disk_hits": self.num_loaded_blocks * block_size,  # tokens
-            "prefix_disk_snapshots_loaded": self.num_loaded_snapshots,
+            **{f"prefix_{t}_hits": n * block_size for t, n in self.num_loaded_blocks.items()},
+            **{f"prefix_{t}_snapshots_loaded": n for t, n in self.num_loaded_snapshots.items()},
             **self.store.stats(),
         }
