@@ -1,5 +1,6 @@
-"""`axon serve --prefix-cache-dir`: a server started again on the same directory answers a
-prompt an earlier run saw from the disk tier, and says so in the usage's cached tokens."""
+"""`axon serve --prefix-cache-dir` (with a host-memory tier in front): a server started again on
+the same directory answers a prompt an earlier run saw from the disk tier, and says so in the
+usage's cached tokens and on /metrics."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _ask(server) -> tuple[str, int]:
 
 
 def _serve(model_dir: Path, cache_dir: Path):
-    server = spawn_serve([*_serve_args(model_dir), "--prefix-cache-dir", str(cache_dir)])
+    tiers = ["--prefix-cache-dir", str(cache_dir), "--prefix-cache-host-size", "16M"]
+    server = spawn_serve([*_serve_args(model_dir), *tiers])
     try:
         _wait_until_serving(server)
     except BaseException:
@@ -58,10 +60,15 @@ def test_a_restarted_server_serves_the_prefix_from_disk(tiny_chat_model, tmp_pat
     second = _serve(tiny_chat_model, cache_dir)
     try:
         again, cached = _ask(second)
+        hits = {
+            tier: second.metric_line("axon:external_prefix_cache_hits_total", tier=tier)
+            for tier in ("host", "disk")
+        }
     finally:
         stop_server(second)
     assert again == answer
     assert cached >= 300 // 16 * 16
+    assert hits == {"host": 0, "disk": cached}  # memory is new with the process
 
 
 def test_a_load_over_http_may_not_choose_the_directory(tmp_path):

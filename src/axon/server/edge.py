@@ -119,77 +119,88 @@ class _LimitedBody:
         return message
 
 
-def guarded_protocol(
-    header_timeout_s: float, max_connections: int, linger_bytes: int
-) -> type[H11Protocol]:
+class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline for each request's line and headers (a client
     that opens a connection, or starts a request, and stalls is disconnected), a cap on open
     connections (the one over it gets a 503 and is closed), and a bound on the body it discards
-    after answering a request early (`linger_bytes`, see the module's note)."""
+    after answering a request early (`linger_bytes`, see the module's note). The limits are
+    class attributes, set by `guarded_protocol`."""
 
-    class GuardedH11Protocol(H11Protocol):
-        _header_timer: asyncio.TimerHandle | None = None
-        _discarded = 0
+    header_timeout_s: float
+    max_connections: int
+    linger_bytes: int
+    _header_timer: asyncio.TimerHandle | None = None
+    _discarded = 0
 
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                self._refuse_connection()
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            self._refuse_connection()
+            return
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        lingering = self._lingering()
+        super().data_received(data)
+        if lingering:
+            self._discarded += len(data)
+            if self._discarded > self.linger_bytes and not self.transport.is_closing():
+                self.transport.close()
                 return
-            self._arm_header_timer()
-
-        def data_received(self, data: bytes) -> None:
-            lingering = self._lingering()
-            super().data_received(data)
-            if lingering:
-                self._discarded += len(data)
-                if self._discarded > linger_bytes and not self.transport.is_closing():
-                    self.transport.close()
-                    return
-            else:
-                self._discarded = 0
-            if self._between_requests():
-                self._arm_header_timer()  # after an early answer: the discarding's deadline
-            else:
-                self._disarm_header_timer()
-
-        def _lingering(self) -> bool:
-            """Answered, with the rest of the request's body still to come (and discarded)."""
-            answered = self.cycle is not None and self.cycle.response_complete
-            return answered and self.conn.their_state is h11.SEND_BODY
-
-        def connection_lost(self, exc) -> None:
+        else:
+            self._discarded = 0
+        if self._between_requests():
+            self._arm_header_timer()  # after an early answer: the discarding's deadline
+        else:
             self._disarm_header_timer()
-            super().connection_lost(exc)
 
-        def _between_requests(self) -> bool:
-            return self.cycle is None or self.cycle.response_complete
+    def _lingering(self) -> bool:
+        """Answered, with the rest of the request's body still to come (and discarded)."""
+        answered = self.cycle is not None and self.cycle.response_complete
+        return answered and self.conn.their_state is h11.SEND_BODY
 
-        def _arm_header_timer(self) -> None:
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
+    def connection_lost(self, exc) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
 
-        def _disarm_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+    def _between_requests(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
 
-        def _header_timeout(self) -> None:
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
             self._header_timer = None
-            if self._between_requests() and not self.transport.is_closing():
-                self.transport.close()  # nothing of a request arrived in time
 
-        def _refuse_connection(self) -> None:
-            start, body = error_response(
-                503,
-                "too many open connections; retry shortly",
-                "too_many_connections",
-                {"Retry-After": "1"},
-            )
-            head = b"HTTP/1.1 503 Service Unavailable\r\n"
-            head += b"".join(k + b": " + v + b"\r\n" for k, v in start["headers"])
-            self.transport.write(head + b"\r\n" + body)
-            self.transport.close()
-            logger.warning("connection refused: %d open (max_connections)", len(self.connections))
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self._between_requests() and not self.transport.is_closing():
+            self.transport.close()  # nothing of a request arrived in time
 
-    return GuardedH11Protocol
+    def _refuse_connection(self) -> None:
+        start, body = error_response(
+            503,
+            "too many open connections; retry shortly",
+            "too_many_connections",
+            {"Retry-After": "1"},
+        )
+        head = b"HTTP/1.1 503 Service Unavailable\r\n"
+        head += b"".join(k + b": " + v + b"\r\n" for k, v in start["headers"])
+        self.transport.write(head + b"\r\n" + body)
+        self.transport.close()
+        logger.warning("connection refused: %d open (max_connections)", len(self.connections))
+
+
+def guarded_protocol(
+    header_timeout_s: float, max_connections: int, linger_bytes: int
+) -> type[GuardedH11Protocol]:
+    """GuardedH11Protocol with these limits, for uvicorn's `http=` (which takes a class)."""
+    limits = dict(
+        header_timeout_s=header_timeout_s,
+        max_connections=max_connections,
+        linger_bytes=linger_bytes,
+    )
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), limits)

@@ -217,16 +217,9 @@ class EngineStatsCollector:
             "preemptions": "num_preemptions",
             **_SPEC_DECODE_KEYS,
         }
-        per_position = CounterMetricFamily(
-            "axon:spec_decode_num_accepted_tokens_per_pos",
-            "Accepted draft tokens, by their position in the draft (0: the first).",
-            labels=[*_LABELS, "position"],
-        )
         for model_id, stats in self.snapshots.items():
             for name, family in families.items():
                 family.add_metric([model_id], float(stats.get(keys[name], 0)))
-            for position, count in enumerate(stats.get("spec_accepted_per_position") or ()):
-                per_position.add_metric([model_id, str(position)], float(count))
         state = GaugeMetricFamily(
             "axon:model_state",
             "The model's state (label `state`: loaded, unresponsive: its engine is silent and "
@@ -235,7 +228,31 @@ class EngineStatsCollector:
         )
         for model_id, model_state in self.states.items():
             state.add_metric([model_id, model_state], 1.0)
-        yield from (*families.values(), per_position, state)
+        yield from (*families.values(), *_labelled_families(self.snapshots), state)
+
+
+def _labelled_families(snapshots: dict[str, dict]) -> tuple:
+    """The counters with a label besides the model's: accepted draft tokens by position, and
+    the prompt tokens each tier of the prefix cache past the KV cache gave back (a model
+    without such a tier has no sample)."""
+    per_position = CounterMetricFamily(
+        "axon:spec_decode_num_accepted_tokens_per_pos",
+        "Accepted draft tokens, by their position in the draft (0: the first).",
+        labels=[*_LABELS, "position"],
+    )
+    tiers = CounterMetricFamily(
+        "axon:external_prefix_cache_hits",
+        "Prompt tokens the prefix cache read back from host memory or disk (label `tier`; "
+        "counted in prefix_cache_hits too).",
+        labels=[*_LABELS, "tier"],
+    )
+    for model_id, stats in snapshots.items():
+        for position, count in enumerate(stats.get("spec_accepted_per_position") or ()):
+            per_position.add_metric([model_id, str(position)], float(count))
+        for tier in ("host", "disk"):
+            if f"prefix_{tier}_hits" in stats:
+                tiers.add_metric([model_id, tier], float(stats[f"prefix_{tier}_hits"]))
+    return per_position, tiers
 
 
 # Speculative decoding's counters (vLLM's spec_decode_* names): zero for an engine that does

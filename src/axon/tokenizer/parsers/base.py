@@ -139,6 +139,19 @@ class ToolCallParser:
         self.num_calls += 1
         self._strip_leading = True
 
+    def _tail(self, final: bool) -> bool:
+        """After the call's body: skip to `</tool_call>`; True when the call ended."""
+        index, marker = find_marker(self.buffer, (TOOL_CALL_END, TOOL_CALL_START))
+        if marker is None and not final:
+            self.buffer = self.buffer[index:]
+            return False
+        # A next `<tool_call>` ends this call too (its end tag missing); at the end of the
+        # output a `</tool_call>` begun is markup, dropped.
+        skip = len(marker) if marker == TOOL_CALL_END else 0
+        self.buffer = "" if marker is None else self.buffer[index + skip :]
+        self._end_call()
+        return True
+
     def _reject_call(self, events: list[Event]) -> None:
         """The call is malformed: its marker is content after all; its body is parsed again.
         Cut off by max_tokens, the unfinished markup and all after it are dropped instead."""

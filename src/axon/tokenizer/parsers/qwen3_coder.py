@@ -246,16 +246,3 @@ class Qwen3CoderToolParser(ToolCallParser):
             self._end_call()
         else:
             self.phase = _TAIL
-
-    def _tail(self, final: bool) -> bool:
-        """After `</function>`: skip to `</tool_call>`."""
-        index, marker = find_marker(self.buffer, (TOOL_CALL_END, TOOL_CALL_START))
-        if marker is None and not final:
-            self.buffer = self.buffer[index:]
-            return False
-        # A next `<tool_call>` ends this call too (its end tag missing); at the end of the
-        # output a `</tool_call>` begun is markup, dropped.
-        skip = len(marker) if marker == TOOL_CALL_END else 0
-        self.buffer = "" if marker is None else self.buffer[index + skip :]
-        self._end_call()
-        return True

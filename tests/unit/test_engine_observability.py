@@ -1,6 +1,7 @@
-"""Speculative decoding seen from the HTTP process: vLLM's spec_decode counters on /metrics
-from the engine's stats, a request's drafted / accepted totals in its usage block, zero or
-absent (never an error) for an engine that does not speculate."""
+"""The engine's counters seen from the HTTP process. Speculative decoding: vLLM's spec_decode
+counters on /metrics from the engine's stats, a request's drafted / accepted totals in its usage
+block, zero or absent (never an error) for an engine that does not speculate. The prefix cache's
+host-memory and disk tiers: the tokens each gave back, by tier."""
 
 from __future__ import annotations
 
@@ -79,3 +80,15 @@ def test_a_sample_keeps_the_engines_running_totals():
     other.add(TokenUpdate("r", 1, 9, num_draft_tokens=4, num_accepted_tokens=4))
     assert draft_totals([sample, other]) == (10, 6)
     assert draft_totals([_sample()]) == (0, 0)
+
+
+def test_the_prefix_cache_tiers_hits_by_tier_only_where_there_are_tiers():
+    tiered = {**PLAIN, "prefix_host_hits": 48, "prefix_disk_hits": 16}
+    samples = _scrape({"tiered": tiered, "disk": {**PLAIN, "prefix_disk_hits": 32}, "plain": PLAIN})
+    name = "axon:external_prefix_cache_hits_total"
+    hits = {labels: value for (sample, labels), value in samples.items() if sample == name}
+    assert hits == {
+        (("model_name", "tiered"), ("tier", "host")): 48,
+        (("model_name", "tiered"), ("tier", "disk")): 16,
+        (("model_name", "disk"), ("tier", "disk")): 32,
+    }
