@@ -149,14 +149,9 @@ class PrefixTiers:
         if self.state_slots is not None:
             chain = self._to_last_snapshot(chain)
         stored = [(i, h) for i, (h, where) in enumerate(chain) if where == "stored"]
-        data = torch.empty((len(stored), self.copier.block_bytes), dtype=torch.uint8)
-        tiers = []  # where each row was read from
-        for row, (index, block_hash) in enumerate(stored):
-            tier = self.store.read_into("kv", block_hash, data[row].numpy())
-            if tier is None:
-                chain, stored, data = chain[:index], stored[:row], data[:row]  # broken here
-                break
-            tiers.append(tier)
+        data, tiers = self._read(stored)
+        if len(tiers) < len(stored):  # the chain is broken there
+            chain, stored = chain[: stored[len(tiers)][0]], stored[: len(tiers)]
         asked = self.ranks is not None and bool(stored)
         if asked:
             counts = self.ranks.ask("disk", "read", [h for _, h in stored])
@@ -184,6 +179,18 @@ class PrefixTiers:
         for tier in tiers[: len(ids)]:
             self.num_loaded_blocks[tier] += 1
         return len(ids)
+
+    def _read(self, stored: list[tuple[int, bytes]]) -> tuple[torch.Tensor, list[str]]:
+        """The bytes of the `stored` (index, hash) blocks, in order, up to the first the store
+        cannot give whole, and the tier each came from."""
+        data = torch.empty((len(stored), self.copier.block_bytes), dtype=torch.uint8)
+        tiers = []
+        for row, (_, block_hash) in enumerate(stored):
+            tier = self.store.read_into("kv", block_hash, data[row].numpy())
+            if tier is None:
+                break
+            tiers.append(tier)
+        return data[: len(tiers)], tiers
 
     def _walk(self, seq: Sequence, budget: int) -> list[tuple[bytes, str]]:
         """(hash, "cached" or "stored") of `seq`'s prefix blocks, up to the first block in
