@@ -93,6 +93,11 @@ def test_host_memory_in_front_of_the_disk(qwen3, tmp_path):
     assert (stats["prefix_host_hits"], stats["prefix_disk_hits"]) == (40, 80)
 
 
+def test_a_cap_over_the_hosts_memory_is_refused(qwen3):
+    with pytest.raises(ValueError, match="prefix_cache_host_size .* available memory"):
+        LLM(**_kwargs(qwen3, prefix_cache_host_size=1 << 60))
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_the_tiers_are_device_host_disk(qwen3, tmp_path):
     """The KV cache in device memory: evicted blocks come back from host memory, and after a

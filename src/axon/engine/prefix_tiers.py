@@ -42,6 +42,7 @@ from axon.cache.state_slots import StateSlotManager
 from axon.config import EngineConfig
 from axon.runner.disk_shard import open_store
 from axon.runner.kv_blocks import BlockCopier
+from axon.runner.memory import available_memory
 from axon.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,12 @@ class PrefixTiers:
         if why is not None:
             logger.warning("%s unused: %s", " and ".join(asked), why)
             return None
+        host_free = available_memory(torch.device("cpu"))
+        if config.prefix_cache_host_size > host_free:  # it fills as blocks come: fail now
+            raise ValueError(
+                f"prefix_cache_host_size {config.prefix_cache_host_size} B is more than the "
+                f"host's available memory ({host_free} B)"
+            )
         if config.prefix_cache_host_size and runner.device.type == "cpu":
             logger.info(
                 "--prefix-cache-host-size on the CPU: the KV cache is host memory already, so a "
