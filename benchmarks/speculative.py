@@ -1,7 +1,8 @@
 """Speculative decoding, served: axon without and with `--speculative-config` against llama.cpp's
 `llama-server` plain and with its speculative modes, on the same GGUF file, for three workloads
 (benchmarks/speculative_prompts.py: `edit`, whose answer repeats most of the prompt, `summary`,
-`free` generation) at 1, 4 and 16 concurrent streams.
+`free` generation; `mixed`, edit and free prompts by turns, on request) at 1, 4 and 16
+concurrent streams.
 
 Every server runs on its own (one at a time: the others are stopped), with 16 slots of
 --ctx-per-slot tokens and --threads threads, as benchmarks/serve_vs_llama_server.py starts them.
@@ -271,7 +272,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="requests per stream per level")
     parser.add_argument("--min-requests", type=int, default=4, help="per level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument(
+        "--workloads", nargs="+", choices=WORKLOADS, default=["edit", "summary", "free"]
+    )
     parser.add_argument(
         "--k", type=int, default=4, help="num_speculative_tokens (axon, draft-simple)"
     )

@@ -83,7 +83,9 @@ def run_level(engines: dict, workload: str, streams: int, args: argparse.Namespa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument(
+        "--workloads", nargs="+", default=["edit", "summary", "free"], choices=WORKLOADS
+    )
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=2, help="batches of each level")
     parser.add_argument("--min-prompts", type=int, default=3, help="per workload and level")

@@ -14,8 +14,9 @@ gets the same task framed as text for it to continue (the edited file's first fe
 from __future__ import annotations
 
 import random
+from itertools import zip_longest
 
-WORKLOADS = ("edit", "summary", "free")
+WORKLOADS = ("edit", "summary", "free", "mixed")  # mixed: edit and free by turns, in one batch
 
 _NAMES = ("orders", "samples", "records", "events", "readings", "invoices", "tickets", "rows")
 _FIELDS = ("price", "weight", "score", "amount", "latency", "count", "total", "size")
@@ -130,6 +131,10 @@ _BUILDERS = {"edit": _edit, "summary": _summary, "free": _free}
 
 def workload_prompts(workload: str, count: int, chat: bool, seed: int) -> list[str]:
     """`count` distinct prompts of `workload` (chat: user messages; else base-model text)."""
+    if workload == "mixed":  # by turns, so concurrent streams hold both kinds
+        edit = workload_prompts("edit", (count + 1) // 2, chat, seed)
+        free = workload_prompts("free", count // 2, chat, seed)
+        return [p for pair in zip_longest(edit, free) for p in pair if p is not None]
     rng = random.Random(f"{workload}-{seed}")
     prompts: list[str] = []
     for _ in range(count * 50):  # the combinations are many; distinct ones come quickly

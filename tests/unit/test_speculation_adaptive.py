@@ -141,6 +141,32 @@ def test_the_ngram_drafter_cuts_drafts_to_the_positions_that_pay():
     assert drafter.propose([seq], [3]) == [[3, 4, 9]]
 
 
+def test_a_sequences_own_rates_outweigh_the_engines_as_its_lookups_come_in():
+    engine, own = MatchRates(range(2, 3)), MatchRates(range(2, 3))
+    for _ in range(50):
+        engine.observe(2, drafted=1, correct=0)  # free text: no lookup came true
+    assert own.rate(2, 0, prior=engine) == engine.rate(2, 0) == 0.0
+    for _ in range(8):
+        own.observe(2, drafted=1, correct=1)  # this sequence repeats itself
+    assert own.rate(2, 0, prior=engine) == 0.5  # as many of its own as the half weight
+    for _ in range(32):
+        own.observe(2, drafted=1, correct=1)
+    assert own.rate(2, 0, prior=engine) == 40 / 48
+
+
+def test_in_one_batch_a_repeating_sequence_drafts_and_a_free_one_is_cut():
+    drafter = NgramDrafter(2, 2)
+    for _ in range(50):
+        drafter.rates.observe(2, drafted=3, correct=0)  # the engine's: mostly free text
+    repeating = _ngram_sequence([1, 2, 3, 4, 9, 1, 2])
+    free = _ngram_sequence([5, 6, 7, 8, 5, 6])
+    drafter.required = 0.5
+    assert drafter.propose([repeating, free], [3, 3]) == [[], []]
+    for _ in range(40):  # its own lookups came true
+        drafter._indexes[repeating.seq_id].rates.observe(2, drafted=3, correct=3)
+    assert drafter.propose([repeating, free], [3, 3]) == [[3, 4, 9], []]
+
+
 def test_the_speculator_tells_the_drafter_the_acceptance_a_draft_needs():
     spec = parse({"method": "ngram", "num_speculative_tokens": 4})
     drafter = NgramDrafter(2, 4)

@@ -11,9 +11,12 @@ nine times in ten, a two-token match in free text one time in eight past its fir
 drafter measures, per match length n and draft position i, how often the first i + 1 tokens of
 its lookups came true (`MatchRates`): every lookup it makes is checked against the tokens the
 sequence then gets, whether or not its drafts were verified, so the measuring costs no verify
-rows. A draft is cut before the first position whose rate is below `required` (the acceptance
-a draft token needs to pay for its verify row, which the engine sets each step: see
-engine/speculation.py); with `required` 0 nothing is cut.
+rows. The rates are kept for the engine (every sequence's lookups) and for each sequence: a
+sequence's own weighs more as its lookups come in (half at `_OWN_HALF`), so a session that
+edits code and a chat in one batch each draft as their own text repeats. A draft is cut before
+the first position whose rate is below `required` (the acceptance a draft token needs to pay for
+its verify row, which the engine sets each step: see engine/speculation.py); with `required` 0
+nothing is cut.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Iterable
 from axon.sequence import Sequence
 
 _RATE_WEIGHT = 0.02  # of the newest lookup in a rate, once 50 came in (a plain mean before)
+_OWN_HALF = 8  # a sequence's own rate weighs as much as the engine's after this many lookups
 
 
 class MatchRates:
@@ -33,9 +37,16 @@ class MatchRates:
         self._rates: dict[int, list[float]] = {n: [] for n in sizes}
         self._counts: dict[int, list[int]] = {n: [] for n in sizes}
 
-    def rate(self, n: int, position: int) -> float:
+    def rate(self, n: int, position: int, prior: MatchRates | None = None) -> float:
+        """The rate; with a `prior` (the engine's, for a sequence's own), the two weighed by
+        how many lookups this one counted."""
         rates = self._rates[n]
-        return rates[position] if position < len(rates) else 1.0
+        own = rates[position] if position < len(rates) else 1.0
+        if prior is None:
+            return own
+        counts = self._counts[n]
+        weight = counts[position] / (counts[position] + _OWN_HALF) if position < len(counts) else 0
+        return weight * own + (1.0 - weight) * prior.rate(n, position)
 
     def observe(self, n: int, drafted: int, correct: int) -> None:
         """A lookup of match length n that drafted `drafted` tokens, the first `correct` right."""
@@ -48,24 +59,27 @@ class MatchRates:
             weight = max(_RATE_WEIGHT, 1.0 / counts[position])
             rates[position] += weight * (float(position < correct) - rates[position])
 
-    def cut(self, n: int, draft: list[int], required: float) -> list[int]:
-        """`draft` up to the first position whose rate is below `required`."""
+    def cut(
+        self, n: int, draft: list[int], required: float, prior: MatchRates | None = None
+    ) -> list[int]:
+        """`draft` up to the first position whose rate (with `prior`) is below `required`."""
         for position in range(len(draft)):
-            if self.rate(n, position) < required:
+            if self.rate(n, position, prior) < required:
                 return draft[:position]
         return draft
 
 
 class _Index:
-    """One sequence's n-grams: per n, n-gram -> the position after its first occurrence; and
-    its lookups not yet checked against the tokens that followed them."""
+    """One sequence's n-grams: per n, n-gram -> the position after its first occurrence; its
+    lookups not yet checked against the tokens that followed them, and its own rates."""
 
-    __slots__ = ("by_n", "indexed", "pending")
+    __slots__ = ("by_n", "indexed", "pending", "rates")
 
     def __init__(self, sizes: range) -> None:
         self.by_n: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
         self.indexed = 0  # n-grams ending at positions < indexed are in
         self.pending: list[tuple[int, list[int], int]] = []  # (n, draft, its first position)
+        self.rates = MatchRates(sizes)
 
     def extend(self, tokens: list[int], end: int) -> None:
         """Index the n-grams that end at positions [indexed, end) (their next token known)."""
@@ -87,9 +101,9 @@ class _Index:
                 return n, tokens[position : min(position + max_tokens, length)]
         return 0, []
 
-    def check(self, tokens: list[int], rates: MatchRates) -> None:
+    def check(self, tokens: list[int], engine_rates: MatchRates) -> None:
         """Count the pending lookups whose outcome the tokens now tell (a wrong token, or all
-        of the draft come true); keep the others."""
+        of the draft come true), in the sequence's rates and the engine's; keep the others."""
         still = []
         for n, draft, start in self.pending:
             known = tokens[start : start + len(draft)]
@@ -97,7 +111,8 @@ class _Index:
             while correct < len(known) and known[correct] == draft[correct]:
                 correct += 1
             if correct < len(known) or correct == len(draft):
-                rates.observe(n, len(draft), correct)
+                self.rates.observe(n, len(draft), correct)
+                engine_rates.observe(n, len(draft), correct)
             else:
                 still.append((n, draft, start))
         self.pending = still
@@ -125,7 +140,7 @@ class NgramDrafter:
             n, draft = index.lookup(tokens, limit) if limit > 0 else (0, [])
             if draft:
                 index.pending.append((n, draft, len(tokens)))
-                draft = self.rates.cut(n, draft, self.required)
+                draft = index.rates.cut(n, draft, self.required, prior=self.rates)
             drafts.append(draft)
         return drafts
 
