@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,8 +24,10 @@ import pytest
 from tests.faults.fleet import launch, stop_fleet
 from tests.server.conftest import write_tiny_qwen3
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from health_under_load import percentile, probe_health  # noqa: E402 - the benchmark's prober
+
 N, MAX_TOKENS, TOP = 8, 1000, 20
-PROBE_EVERY_S = 0.02
 # The bound's floor: the encoding stalled the loop for 4-6 s, then full GC passes over the
 # answer's per-token Logprob objects up to 0.25 s on a quiet machine; what remains (p99 ~0.1 s
 # whole, ~0.02 s streamed, quiet) is scheduling gaps, a few times that on a busy 2-core test
@@ -51,32 +54,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     time.sleep(1.0)
     yield running
     stop_fleet(running)
-
-
-async def _probe_health(base_url: str, running) -> list[float]:
-    """`/health` latencies, one probe every PROBE_EVERY_S while `running()` holds."""
-    latencies: list[float] = []
-    limits = httpx.Limits(max_connections=50)  # a stall queues probes, not connections
-    async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as client:
-
-        async def probe(due: float) -> None:
-            response = await client.get("/health")
-            assert response.status_code == 200
-            latencies.append(time.monotonic() - due)
-
-        probes, start, count = [], time.monotonic(), 0
-        while running():
-            due = start + count * PROBE_EVERY_S
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
-            probes.append(asyncio.create_task(probe(due)))
-            count += 1
-        await asyncio.gather(*probes)
-    return latencies
-
-
-def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def _big_answer(base_url: str, stream: bool, into: list[bytes], done: threading.Event) -> None:
@@ -114,18 +91,19 @@ def test_health_stays_fast_while_a_big_answer_is_produced(fleet, stream):
         deadline = time.monotonic() + seconds
         return lambda: time.monotonic() < deadline
 
-    asyncio.run(_probe_health(fleet.base_url, for_s(0.5)))  # the prober's first use: warm-up
-    idle = asyncio.run(_probe_health(fleet.base_url, for_s(2.0)))
+    asyncio.run(probe_health(fleet.base_url, for_s(0.5)))  # the prober's first use: warm-up
+    idle = asyncio.run(probe_health(fleet.base_url, for_s(2.0)))
     data: list[bytes] = []
     done = threading.Event()
     thread = threading.Thread(target=_big_answer, args=(fleet.base_url, stream, data, done))
     thread.start()
-    busy = asyncio.run(_probe_health(fleet.base_url, lambda: not done.is_set()))
+    busy = asyncio.run(probe_health(fleet.base_url, lambda: not done.is_set()))
     thread.join()
     content = _choices_of(b"".join(data), stream)
     assert sorted(content) == list(range(N))
     assert all(len(entries) == MAX_TOKENS for entries in content.values())
     entry = content[0][0]
     assert len(entry["top_logprobs"]) == TOP and isinstance(entry["logprob"], float)
-    bound = max(10 * _p99(idle), FLOOR_S)
-    assert _p99(busy) < bound, (len(b"".join(data)), _p99(idle), _p99(busy), max(busy))
+    idle_p99, busy_p99 = percentile(idle, 0.99), percentile(busy, 0.99)
+    bound = max(10 * idle_p99, FLOOR_S)
+    assert busy_p99 < bound, (len(b"".join(data)), idle_p99, busy_p99, max(busy))
