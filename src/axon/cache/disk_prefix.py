@@ -104,6 +104,14 @@ class DiskPrefixStore:
         """Whether a file for the block exists or is queued (unchecked: `read_into` checks)."""
         return (kind, block_hash) in self._pending or os.path.exists(self.path(kind, block_hash))
 
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """The tiers `read_into` names."""
+        return ("disk",)
+
+    def reset(self) -> None:
+        """A prefix-cache reset leaves the files: they outlive the process anyway."""
+
     def needs(self, kind: str, block_hash: bytes) -> bool:
         """Whether `put` would have something to do for the block (the host tier's has more)."""
         return not self.contains(kind, block_hash)

@@ -39,6 +39,11 @@ class HostPrefixStore:
             return True
         return self.disk is not None and self.disk.contains(kind, block_hash)
 
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """The tiers `read_into` names."""
+        return ("host", *(self.disk.tiers if self.disk is not None else ()))
+
     def needs(self, kind: str, block_hash: bytes) -> bool:
         """Whether `put` would keep or queue the block: memory or the disk lacks it."""
         if (kind, block_hash) not in self._entries:
@@ -91,7 +96,7 @@ class HostPrefixStore:
             self.num_evicted += 1
         return data
 
-    def clear(self) -> None:
+    def reset(self) -> None:
         """Forget every block in memory (a reset of the prefix cache; the disk's files stay)."""
         self._entries.clear()
         self.num_bytes = 0

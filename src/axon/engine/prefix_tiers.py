@@ -70,14 +70,8 @@ class PrefixTiers:
         self.state_slots = state_slots if copier.has_states else None
         self.max_num_seqs = max_num_seqs
         self._looked: set[tuple[int, int]] = set()  # (seq_id, preemptions) prefetched for
-        self.num_loaded_blocks = dict.fromkeys(self._tiers(store), 0)  # per tier read from
-        self.num_loaded_snapshots = dict.fromkeys(self._tiers(store), 0)
-
-    @staticmethod
-    def _tiers(store) -> list[str]:
-        if isinstance(store, DiskPrefixStore):
-            return ["disk"]
-        return ["host", *(["disk"] if store.disk is not None else [])]
+        self.num_loaded_blocks = dict.fromkeys(store.tiers, 0)  # per tier read from
+        self.num_loaded_snapshots = dict.fromkeys(store.tiers, 0)
 
     @classmethod
     def open(cls, config: EngineConfig, runner, block_manager, state_slots) -> PrefixTiers | None:
@@ -106,17 +100,8 @@ class PrefixTiers:
         if why is not None:
             logger.warning("%s unused: %s", " and ".join(asked), why)
             return None
-        host_free = available_memory(torch.device("cpu"))
-        if config.prefix_cache_host_size > host_free:  # it fills as blocks come: fail now
-            raise ValueError(
-                f"prefix_cache_host_size {config.prefix_cache_host_size} B is more than the "
-                f"host's available memory ({host_free} B)"
-            )
-        if config.prefix_cache_host_size and runner.device.type == "cpu":
-            logger.info(
-                "--prefix-cache-host-size on the CPU: the KV cache is host memory already, so a "
-                "larger --kv-cache-memory keeps as many blocks without copying them"
-            )
+        if config.prefix_cache_host_size:
+            _check_host_size(config.prefix_cache_host_size, runner.device)
         store = open_store(config, runner, copier, rank=0)
         args = (store, copier, block_manager, state_slots, config.max_num_seqs, runner.workers)
         return cls(*args)
@@ -304,8 +289,7 @@ class PrefixTiers:
         follows is computed afresh, or read from disk, which outlives the process anyway)."""
         if self.ranks is not None:
             self.ranks.ask("disk", "reset")
-        if isinstance(self.store, HostPrefixStore):
-            self.store.clear()
+        self.store.reset()
 
     def flush(self) -> None:
         """Wait until every queued file is written (tests; a shutdown closes instead)."""
@@ -330,3 +314,18 @@ class PrefixTiers:
             **{f"prefix_{t}_snapshots_loaded": n for t, n in self.num_loaded_snapshots.items()},
             **self.store.stats(),
         }
+
+
+def _check_host_size(size: int, device: torch.device) -> None:
+    """Refuse a host tier the host cannot hold (it fills as blocks come: fail now, not when the
+    host runs out); on the CPU, say what does the same job without copies."""
+    free = available_memory(torch.device("cpu"))
+    if size > free:
+        raise ValueError(
+            f"prefix_cache_host_size {size} B is more than the host's available memory ({free} B)"
+        )
+    if device.type == "cpu":
+        logger.info(
+            "--prefix-cache-host-size on the CPU: the KV cache is host memory already, so a "
+            "larger --kv-cache-memory keeps as many blocks without copying them"
+        )

@@ -123,8 +123,7 @@ class RankShard:
                 self.store.put("kv", block_hash, data[row].numpy())
 
     def reset(self) -> None:
-        if isinstance(self.store, HostPrefixStore):
-            self.store.clear()
+        self.store.reset()
 
     def flush(self) -> None:
         self.store.flush()
